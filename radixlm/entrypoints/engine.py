@@ -1,0 +1,191 @@
+"""The offline Engine: the serving processes without HTTP.
+
+    with Engine(max_total_tokens=4096) as engine:
+        out = engine.generate("The capital of France is", {"max_new_tokens": 16})
+        for chunk in engine.generate("Hi", {"max_new_tokens": 8}, stream=True):
+            print(chunk["delta"], end="")
+
+The TokenizerManager runs on a private event loop in a background thread, so
+the sync API works anywhere and the async API works from any event loop.
+`shutdown()` (or leaving the `with` block) stops every child process; if a
+child dies, calls raise `EngineDeadError` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from radixlm.entrypoints.launch import launch_children, make_is_alive, stop_children
+from radixlm.managers.request_input import GenerateReqInput
+from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
+from radixlm.server_args import ServerArgs
+
+_DONE = object()
+
+
+class Engine:
+    def __init__(self, server_args: ServerArgs | None = None, **kwargs: Any) -> None:
+        self.server_args = server_args or ServerArgs(**kwargs)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="radixlm-engine-loop")
+        self._thread.start()
+        self._procs: list = []
+        self._ports = None
+        self._closed = False
+        try:
+            model_dir, self._ports, self._procs = launch_children(self.server_args)
+            self.tokenizer_manager: TokenizerManager = self._run(self._start(model_dir))
+        except BaseException:
+            self.shutdown()
+            raise
+        atexit.register(self.shutdown)
+
+    async def _start(self, model_dir: str) -> TokenizerManager:
+        assert self._ports is not None
+        tm = TokenizerManager(self.server_args, model_dir, self._ports)
+        tm.start(make_is_alive(self._procs))
+        await tm.wait_ready(timeout=600)
+        return tm
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    # ------------------------------------------------------------------ API
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.tokenizer_manager.tokenizer
+
+    @property
+    def model_info(self) -> dict[str, Any]:
+        return self.tokenizer_manager.model_info
+
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] | None = None,
+        top_logprobs_num: int | list[int] | None = None,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+    ) -> Any:
+        """Generate for one prompt (returns a dict) or a batch (a list, one per sample).
+
+        With stream=True, returns an iterator of chunks (`index`, `delta`, `text`, ...).
+        """
+        obj = GenerateReqInput(
+            text=prompt, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
+            return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num, stream=stream,
+        )
+        if stream:
+            return self._iterate(obj)
+        return self._run(self._collect(obj))
+
+    async def async_generate(self, prompt: Any = None, sampling_params: Any = None,
+                             stream: bool = False, **kwargs: Any) -> Any:
+        """Async twin of `generate`, usable from any event loop."""
+        obj = GenerateReqInput(text=prompt, sampling_params=sampling_params, stream=stream,
+                               **kwargs)
+        if stream:
+            return self._aiterate(obj)
+        future = asyncio.run_coroutine_threadsafe(self._collect(obj), self._loop)
+        return await asyncio.wrap_future(future)
+
+    async def _collect(self, obj: GenerateReqInput) -> Any:
+        outs = [out async for out in self.tokenizer_manager.generate(obj)]
+        outs.sort(key=lambda o: o["index"])
+        return outs if obj.is_batch or len(outs) > 1 else outs[0]
+
+    def _iterate(self, obj: GenerateReqInput) -> Iterator[dict[str, Any]]:
+        q: queue.Queue = queue.Queue()
+
+        async def pump() -> None:
+            try:
+                async for out in self.tokenizer_manager.generate(obj):
+                    q.put(out)
+                q.put(_DONE)
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                q.put(e)
+
+        future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while True:
+                item = q.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            future.cancel()  # a consumer that stops early aborts the request
+
+    async def _aiterate(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for out in self.tokenizer_manager.generate(obj):
+                    loop.call_soon_threadsafe(q.put_nowait, out)
+                loop.call_soon_threadsafe(q.put_nowait, _DONE)
+            except BaseException as e:  # noqa: BLE001
+                loop.call_soon_threadsafe(q.put_nowait, e)
+
+        future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while True:
+                item = await q.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            future.cancel()
+
+    def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
+        self._loop.call_soon_threadsafe(self.tokenizer_manager.abort_request, rid, abort_all)
+
+    def get_server_info(self) -> dict[str, Any]:
+        return self._run(self.tokenizer_manager.get_server_info())
+
+    def flush_cache(self) -> bool:
+        return self._run(self.tokenizer_manager.flush_cache()).success
+
+    # ------------------------------------------------------------------ lifetime
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        stop_children(self._procs, self._ports)
+        tm = getattr(self, "tokenizer_manager", None)
+        if tm is not None and self._loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(_close(tm), self._loop).result(5)
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+async def _close(tm: TokenizerManager) -> None:
+    tm.close()
+
+
+__all__ = ["Engine", "EngineDeadError"]

@@ -1,0 +1,73 @@
+"""Start and stop the engine's child processes (scheduler, detokenizer).
+
+Shared by the offline Engine and the HTTP server: the caller runs the
+TokenizerManager in its own event loop and passes `is_alive` to its watchdog.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import shutil
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+
+from radixlm.managers.detokenizer_manager import run_detokenizer_process
+from radixlm.managers.scheduler_process import run_scheduler_process
+from radixlm.server_args import ServerArgs
+from radixlm.utils import PortArgs
+
+logger = logging.getLogger(__name__)
+
+
+def prepare_environment() -> None:
+    """Environment the children inherit; must be set before they import torch."""
+    # NOTE: torch's OpenMP threads spin while waiting by default, which slows
+    # float32 work 4-5x when another busy process shares these 2 cores.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def launch_children(args: ServerArgs) -> tuple[str, PortArgs, list[BaseProcess]]:
+    """Resolve the model folder (converting a GGUF once) and start the children."""
+    from radixlm.model_loader.default_model import resolve_model_dir
+
+    prepare_environment()
+    model_dir = resolve_model_dir(args.model_path)
+    ports = PortArgs.create()
+    ctx = mp.get_context("spawn")
+    procs: list[BaseProcess] = [
+        ctx.Process(target=run_scheduler_process, args=(args, model_dir, ports),
+                    name="radixlm-scheduler", daemon=True),
+        ctx.Process(target=run_detokenizer_process, args=(args, model_dir, ports),
+                    name="radixlm-detokenizer", daemon=True),
+    ]
+    for p in procs:
+        p.start()
+    return model_dir, ports, procs
+
+
+def make_is_alive(procs: list[BaseProcess]) -> Callable[[], str | None]:
+    def is_alive() -> str | None:
+        for p in procs:
+            if not p.is_alive():
+                return f"The {p.name} process exited unexpectedly (exit code {p.exitcode})"
+        return None
+
+    return is_alive
+
+
+def stop_children(procs: list[BaseProcess], ports: PortArgs | None, timeout: float = 5.0) -> None:
+    """Terminate the children, kill what does not exit, remove the IPC folder."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout)
+        if p.is_alive():
+            logger.warning("Killing %s", p.name)
+            p.kill()
+            p.join(timeout)
+    if ports is not None:
+        shutil.rmtree(ports.folder, ignore_errors=True)

@@ -1,0 +1,89 @@
+"""The detokenizer process: token id deltas in, text deltas out.
+
+Per request it keeps an incremental decode state (see
+`incremental_detokenizer.py`) and how much text it has already emitted.
+While a request runs, text that could be the start of one of its stop strings
+is held back, so a stop string is never streamed; when it finishes on a stop
+string, the text is cut before it (unless `no_stop_trim`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from radixlm.managers.incremental_detokenizer import DecodeState, IncrementalDetokenizer
+from radixlm.managers.io_struct import BatchStrOut, BatchTokenIDOut, ProcessError, StrOut, TokenOut
+from radixlm.managers.stop_strings import safe_stream_len, trim_at_stop
+from radixlm.utils import PortArgs, configure_logging, parent_alive
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _ReqText:
+    state: DecodeState
+    text: str = ""  # all confirmed text
+    num_emitted: int = 0  # characters of `text` already sent
+
+
+class DetokenizerManager:
+    def __init__(self, tokenizer: Any) -> None:
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.reqs: dict[str, _ReqText] = {}
+
+    def handle(self, batch: BatchTokenIDOut) -> BatchStrOut:
+        return BatchStrOut([self._one(out) for out in batch.outs])
+
+    def _one(self, out: TokenOut) -> StrOut:
+        entry = self.reqs.get(out.rid)
+        if entry is None:
+            entry = self.reqs[out.rid] = _ReqText(DecodeState())
+        entry.text += self.detok.step(
+            entry.state,
+            out.new_token_ids,
+            skip_special_tokens=out.skip_special_tokens,
+            spaces_between_special_tokens=out.spaces_between_special_tokens,
+        )
+        if out.finished_reason is None:
+            end = safe_stream_len(entry.text, out.stop)
+        else:
+            entry.text += self.detok.flush(entry.state)
+            matched = out.finished_reason.matched
+            if isinstance(matched, str) and not out.no_stop_trim:
+                entry.text = trim_at_stop(entry.text, matched)
+            end = len(entry.text)
+            del self.reqs[out.rid]
+        delta = entry.text[entry.num_emitted : end] if end > entry.num_emitted else ""
+        entry.num_emitted = max(entry.num_emitted, end)
+        return StrOut(out.rid, delta, out)
+
+
+def run_detokenizer_process(server_args: Any, model_dir: str, ports: PortArgs) -> None:
+    configure_logging(server_args.log_level, prefix="detokenizer")
+    ctx = zmq.Context(1)
+    recv = ctx.socket(zmq.PULL)
+    recv.bind(ports.detokenizer_input)
+    send = ctx.socket(zmq.PUSH)
+    send.connect(ports.tokenizer_input)
+    try:
+        from radixlm.tokenizer_utils import load_tokenizer
+
+        manager = DetokenizerManager(load_tokenizer(server_args.tokenizer_path or model_dir))
+        poller = zmq.Poller()
+        poller.register(recv, zmq.POLLIN)
+        parent = os.getppid()
+        while parent_alive(parent):
+            if poller.poll(1000):
+                send.send_pyobj(manager.handle(recv.recv_pyobj()))
+    except Exception as e:  # noqa: BLE001 - report, then die
+        logger.error("Detokenizer failed:\n%s", traceback.format_exc())
+        send.send_pyobj(ProcessError("detokenizer", f"{type(e).__name__}: {e}"))
+        send.close(linger=1000)
+        sys.exit(1)

@@ -1,0 +1,144 @@
+"""Every message that crosses a process boundary, as typed dataclasses.
+
+Flow (see DESIGN.md):
+    TokenizerManager --TokenizedGenerateReq/AbortReq/control--> Scheduler
+    Scheduler --BatchTokenIDOut--> DetokenizerManager --BatchStrOut--> TokenizerManager
+    Scheduler --control replies (ServerInfo, FlushCacheDone)--> TokenizerManager
+
+Messages are pickled over ZMQ; keep them plain (ints, strs, lists, dicts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixlm.sampling.sampling_params import SamplingParams
+
+# (logprob, token_id)
+LogprobEntry = tuple[float, int]
+
+
+@dataclass
+class FinishReason:
+    """Why a request ended. `type` is "stop", "length" or "abort"."""
+
+    type: str
+    matched: str | int | None = None  # the stop string or stop token id, for "stop"
+    message: str | None = None  # for "abort"
+    status_code: int | None = None  # for an abort that should surface as an HTTP error
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "matched": self.matched}
+        if self.message is not None:
+            out["message"] = self.message
+        return out
+
+
+# ---------------------------------------------------------------- to the scheduler
+
+
+@dataclass
+class TokenizedGenerateReq:
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no prompt logprobs
+    top_logprobs_num: int = 0
+    stream: bool = False
+    # Requests of one `n > 1` group share a prompt: the scheduler prefills the
+    # first one and admits the others once its prompt is in the prefix cache.
+    group_id: str | None = None
+    seed: int | None = None  # resolved per sample (params.seed + index)
+
+
+@dataclass
+class AbortReq:
+    rid: str | None = None
+    abort_all: bool = False
+    message: str = "Aborted by request"
+
+
+@dataclass
+class FlushCacheReq:
+    pass
+
+
+@dataclass
+class GetServerInfoReq:
+    pass
+
+
+# ---------------------------------------------------------------- scheduler replies
+
+
+@dataclass
+class FlushCacheOut:
+    success: bool
+    message: str = ""
+
+
+@dataclass
+class ServerInfoOut:
+    info: dict[str, Any]
+
+
+@dataclass
+class SchedulerReady:
+    """First message from the scheduler: the model is loaded."""
+
+    model_info: dict[str, Any]
+
+
+@dataclass
+class ProcessError:
+    """A child process failed; the TokenizerManager fails every request."""
+
+    who: str
+    message: str
+
+
+# ---------------------------------------------------------------- token / text outputs
+
+
+@dataclass
+class TokenOut:
+    """New tokens of one request since the previous TokenOut for it."""
+
+    rid: str
+    new_token_ids: list[int]
+    finished_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    # Decoding config, repeated on every message so the detokenizer keeps no
+    # config state of its own beyond the incremental decode offsets.
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stop: list[str] = field(default_factory=list)
+    no_stop_trim: bool = False
+    # Logprob deltas (only when asked for).
+    output_token_logprobs: list[LogprobEntry] | None = None
+    output_top_logprobs: list[list[LogprobEntry]] | None = None
+    input_token_logprobs: list[LogprobEntry | None] | None = None  # sent once
+    input_top_logprobs: list[list[LogprobEntry] | None] | None = None
+
+
+@dataclass
+class BatchTokenIDOut:
+    outs: list[TokenOut]
+
+
+@dataclass
+class StrOut:
+    """New text of one request since the previous StrOut for it."""
+
+    rid: str
+    text_delta: str
+    token_out: TokenOut
+
+
+@dataclass
+class BatchStrOut:
+    outs: list[StrOut]

@@ -1,0 +1,169 @@
+"""A request as the scheduler sees it, and the plain description of one step.
+
+A `Req` holds its whole token list (`fill_ids` = prompt + output) and `kv_len`,
+how many of those tokens already have KV in the pool. Rows `[0, cached_len)` of
+its req_to_token row belong to the prefix cache (locked through `last_node`);
+rows `[cached_len, kv_len)` are the request's own slots. Catching up with the
+token list is all a step ever does: a decode extends by one token, a prefill by
+a chunk, a resumed request by everything it lost when it was retracted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+from radixlm.managers.io_struct import FinishReason, LogprobEntry, TokenizedGenerateReq
+from radixlm.sampling.sampling_params import SamplingParams
+
+
+class Req:
+    def __init__(self, tokenized: TokenizedGenerateReq, arrival_seq: int) -> None:
+        self.rid = tokenized.rid
+        self.origin_input_ids: list[int] = list(tokenized.input_ids)
+        self.output_ids: list[int] = []
+        self.sampling_params: SamplingParams = tokenized.sampling_params
+        self.return_logprob = tokenized.return_logprob
+        self.logprob_start_len = tokenized.logprob_start_len
+        self.top_logprobs_num = tokenized.top_logprobs_num
+        self.stream = tokenized.stream
+        self.group_id = tokenized.group_id
+        self.arrival_seq = arrival_seq
+        self.arrival_time = time.monotonic()
+        self.generator: torch.Generator | None = None
+        if tokenized.seed is not None:
+            self.generator = torch.Generator().manual_seed(tokenized.seed)
+
+        # Memory state (see the module docstring).
+        self.req_pool_idx: int | None = None
+        self.kv_len = 0
+        self.cached_len = 0
+        self.last_node: Any = None
+        self.admit_seq = -1  # order of the latest admission; retraction takes the newest
+
+        # Reporting.
+        self.num_cached_tokens: int | None = None  # prefix hit at first admission
+        self.finished_reason: FinishReason | None = None
+        self.num_sent_tokens = 0
+        self.num_steps_since_send = 0
+        self.num_retractions = 0
+
+        # Logprobs, accumulated here and sent as deltas.
+        self.output_token_logprobs: list[LogprobEntry] = []
+        self.output_top_logprobs: list[list[LogprobEntry]] = []
+        self.input_token_logprobs: list[LogprobEntry | None] | None = None
+        self.input_top_logprobs: list[list[LogprobEntry] | None] | None = None
+        self.input_logprobs_done = False  # set once the whole prompt has been prefilled
+        self.input_logprobs_sent = False
+        if self.wants_input_logprobs:
+            # Prompt position p is scored by the logits at p - 1; position 0 has none.
+            first = [None] if self.logprob_start_len == 0 else []
+            self.input_token_logprobs = list(first)
+            self.input_top_logprobs = list(first)
+
+    # ------------------------------------------------------------------ derived
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def num_fill_tokens(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens whose KV this request still has to compute."""
+        return self.num_fill_tokens - self.kv_len
+
+    @property
+    def num_own_slots(self) -> int:
+        """KV slots this request holds that the prefix cache does not own."""
+        return self.kv_len - self.cached_len
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return (
+            self.return_logprob
+            and self.logprob_start_len >= 0
+            and self.logprob_start_len < len(self.origin_input_ids)
+            and not self.input_logprobs_done
+        )
+
+    @property
+    def max_prefix_len(self) -> int:
+        """How much of the prompt a prefix-cache hit may cover.
+
+        The last prompt token is always recomputed (its logits start the
+        output); with prompt logprobs, the logits from `logprob_start_len - 1`
+        on are needed, so the hit stops there.
+        """
+        limit = self.num_fill_tokens - 1
+        if self.wants_input_logprobs:
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
+        return max(limit, 0)
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return max(self.sampling_params.max_new_tokens - len(self.output_ids), 0)
+
+    def reset_memory_state(self) -> None:
+        """Forget KV bookkeeping after the KVManager released this request."""
+        self.req_pool_idx = None
+        self.kv_len = 0
+        self.cached_len = 0
+        self.last_node = None
+
+    def reset_for_retraction(self) -> None:
+        self.reset_memory_state()
+        self.num_retractions += 1
+
+
+@dataclass
+class ScheduledReq:
+    """One request's share of a step."""
+
+    req: Req
+    prefix_len: int  # kv_len before the step
+    extend_len: int  # tokens computed this step
+    samples: bool  # the step reaches the end of fill_ids: sample the next token
+    # Prompt positions [a, b) whose logits are needed for prompt logprobs.
+    logprob_positions: tuple[int, int] | None = None
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.req.fill_ids[self.prefix_len : self.prefix_len + self.extend_len]
+
+
+@dataclass
+class StepPlan:
+    """Everything the model runner needs for one forward pass, as CPU objects."""
+
+    items: list[ScheduledReq]
+    out_cache_loc: torch.Tensor  # [sum(extend_len)] int64, slots already written to req_to_token
+    num_decodes: int = 0
+    num_prefill_tokens: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.out_cache_loc.numel())
+
+
+InputLogprobs = tuple[list[LogprobEntry], list[list[LogprobEntry]]]
+
+
+class ForwardResult(NamedTuple):
+    """What the runner returns for a step, per plan item (same order as `StepPlan.items`)."""
+
+    next_token_ids: list[int | None]  # None where the item does not sample
+    token_logprobs: list[LogprobEntry | None]
+    top_logprobs: list[list[LogprobEntry] | None]
+    input_logprobs: list[InputLogprobs | None]

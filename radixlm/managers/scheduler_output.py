@@ -1,0 +1,131 @@
+"""After a forward pass: append sampled tokens, decide who finished, build outputs.
+
+A request finishes with "stop" (a stop token id, EOS unless ignore_eos, or a
+stop string found in its decoded tail), "length" (max_new_tokens or the
+context length), or "abort". Outputs go to the detokenizer as deltas: every
+`stream_interval` steps for streaming requests, and always once at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixlm.managers.io_struct import FinishReason, TokenOut
+from radixlm.managers.schedule_batch import ForwardResult, Req, StepPlan
+from radixlm.managers.stop_strings import find_stop_string
+from radixlm.server_args import ServerArgs
+
+
+class OutputProcessor:
+    def __init__(
+        self, args: ServerArgs, tokenizer: Any, eos_token_ids: set[int], context_len: int
+    ) -> None:
+        self.stream_interval = args.stream_interval
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.context_len = context_len
+        self.pending_finished: list[Req] = []
+        self.num_prompt_tokens_total = 0
+        self.num_cached_tokens_total = 0
+        self.num_generation_tokens_total = 0
+        self.num_finished_total = 0
+
+    # ------------------------------------------------------------------ results
+
+    def process(self, plan: StepPlan, result: ForwardResult) -> None:
+        """Apply one step's results to its requests (kv_len is already advanced)."""
+        for i, item in enumerate(plan.items):
+            req = item.req
+            if result.input_logprobs[i] is not None:
+                tokens, tops = result.input_logprobs[i]  # type: ignore[misc]
+                assert req.input_token_logprobs is not None
+                assert req.input_top_logprobs is not None
+                req.input_token_logprobs.extend(tokens)
+                req.input_top_logprobs.extend(tops)
+            if not item.samples or req.finished:
+                continue
+            req.input_logprobs_done = True
+            if req.sampling_params.max_new_tokens == 0:
+                req.finished_reason = FinishReason("length")
+                continue
+            token_id = result.next_token_ids[i]
+            assert token_id is not None
+            req.output_ids.append(token_id)
+            req.num_steps_since_send += 1
+            self.num_generation_tokens_total += 1
+            if req.return_logprob:
+                req.output_token_logprobs.append(result.token_logprobs[i])  # type: ignore[arg-type]
+                req.output_top_logprobs.append(result.top_logprobs[i] or [])
+            req.finished_reason = self._check_finished(req, token_id)
+
+    def _check_finished(self, req: Req, token_id: int) -> FinishReason | None:
+        params = req.sampling_params
+        num_output = len(req.output_ids)
+        if num_output >= params.min_new_tokens:
+            if token_id in params.stop_token_ids:
+                return FinishReason("stop", matched=token_id)
+            if not params.ignore_eos and token_id in self.eos_token_ids:
+                return FinishReason("stop", matched=token_id)
+        if num_output >= params.max_new_tokens:
+            return FinishReason("length")
+        if req.num_fill_tokens >= self.context_len:
+            return FinishReason("length")
+        if params.stop and num_output >= params.min_new_tokens:
+            window = max(len(s) for s in params.stop) + 4
+            tail = self.tokenizer.decode(
+                req.output_ids[-window:], skip_special_tokens=params.skip_special_tokens
+            )
+            matched = find_stop_string(tail, params.stop)
+            if matched is not None:
+                return FinishReason("stop", matched=matched)
+        return None
+
+    # ------------------------------------------------------------------ outputs
+
+    def collect(self, running: list[Req]) -> list[TokenOut]:
+        """Outputs due now: every finished request, and streams at their interval."""
+        outs = []
+        for req in self.pending_finished:
+            outs.append(self._token_out(req))
+            self.num_finished_total += 1
+            self.num_prompt_tokens_total += len(req.origin_input_ids)
+            self.num_cached_tokens_total += req.num_cached_tokens or 0
+        self.pending_finished = []
+        for req in running:
+            if req.stream and req.num_steps_since_send >= self.stream_interval:
+                outs.append(self._token_out(req))
+        return outs
+
+    def _token_out(self, req: Req) -> TokenOut:
+        params = req.sampling_params
+        start = req.num_sent_tokens
+        out = TokenOut(
+            rid=req.rid,
+            new_token_ids=req.output_ids[start:],
+            finished_reason=req.finished_reason,
+            prompt_tokens=len(req.origin_input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.num_cached_tokens or 0,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+            stop=params.stop,
+            no_stop_trim=params.no_stop_trim,
+        )
+        if req.return_logprob:
+            out.output_token_logprobs = req.output_token_logprobs[start:]
+            out.output_top_logprobs = req.output_top_logprobs[start:]
+            if req.input_logprobs_done and not req.input_logprobs_sent:
+                out.input_token_logprobs = req.input_token_logprobs
+                out.input_top_logprobs = req.input_top_logprobs
+                req.input_logprobs_sent = True
+        req.num_sent_tokens = len(req.output_ids)
+        req.num_steps_since_send = 0
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "num_finished_reqs": self.num_finished_total,
+            "num_prompt_tokens_total": self.num_prompt_tokens_total,
+            "num_cached_prompt_tokens_total": self.num_cached_tokens_total,
+            "num_generation_tokens_total": self.num_generation_tokens_total,
+        }

@@ -1,0 +1,103 @@
+"""The scheduler process: ZMQ in, steps, ZMQ out.
+
+The loop blocks on its input socket only when it has no work, so an idle
+server costs nothing and a busy one never waits for a message. It exits when
+its parent dies, and reports any exception to the TokenizerManager before
+exiting non-zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from typing import Any
+
+import zmq
+
+from radixlm.managers.io_struct import (
+    AbortReq,
+    BatchTokenIDOut,
+    FlushCacheReq,
+    GetServerInfoReq,
+    ProcessError,
+    SchedulerReady,
+    TokenizedGenerateReq,
+)
+from radixlm.utils import PortArgs, configure_logging, parent_alive
+
+logger = logging.getLogger(__name__)
+
+
+def run_scheduler_process(server_args: Any, model_dir: str, ports: PortArgs) -> None:
+    configure_logging(server_args.log_level, prefix="scheduler")
+    ctx = zmq.Context(1)
+    recv = ctx.socket(zmq.PULL)
+    recv.bind(ports.scheduler_input)
+    to_detok = ctx.socket(zmq.PUSH)
+    to_detok.connect(ports.detokenizer_input)
+    to_tokenizer = ctx.socket(zmq.PUSH)
+    to_tokenizer.connect(ports.tokenizer_input)
+    try:
+        scheduler = _build_scheduler(server_args, model_dir)
+        to_tokenizer.send_pyobj(SchedulerReady(scheduler.runner_info()))
+        _loop(scheduler, recv, to_detok, to_tokenizer)
+    except Exception as e:  # noqa: BLE001 - report every failure, then die
+        logger.error("Scheduler failed:\n%s", traceback.format_exc())
+        to_tokenizer.send_pyobj(ProcessError("scheduler", f"{type(e).__name__}: {e}"))
+        to_tokenizer.close(linger=1000)
+        sys.exit(1)
+
+
+def _build_scheduler(server_args: Any, model_dir: str) -> Any:
+    from radixlm.managers.scheduler import Scheduler
+    from radixlm.model_executor.model_runner import ModelRunner
+    from radixlm.tokenizer_utils import load_tokenizer
+
+    tokenizer = load_tokenizer(server_args.tokenizer_path or model_dir)
+    runner = ModelRunner(server_args, model_dir)
+    if tokenizer.eos_token_id is not None:
+        runner.eos_token_ids.add(int(tokenizer.eos_token_id))
+    return Scheduler(server_args, runner, tokenizer)
+
+
+def _loop(scheduler: Any, recv: zmq.Socket, to_detok: zmq.Socket, to_tokenizer: zmq.Socket) -> None:
+    poller = zmq.Poller()
+    poller.register(recv, zmq.POLLIN)
+    parent = os.getppid()
+    check_every = int(os.environ.get("RADIXLM_CHECK_INTEGRITY", "0"))
+    while True:
+        timeout = 0 if scheduler.has_work else 1000
+        while poller.poll(timeout):
+            _handle(scheduler, recv.recv_pyobj(), to_tokenizer)
+            timeout = 0
+        if not parent_alive(parent):
+            logger.info("Parent process exited; scheduler stops")
+            return
+        if scheduler.has_work:
+            outs = scheduler.step()
+            if outs:
+                to_detok.send_pyobj(BatchTokenIDOut(outs))
+            if check_every and scheduler.num_steps % check_every == 0:
+                scheduler.check_integrity()
+
+
+def _handle(scheduler: Any, msg: Any, to_tokenizer: zmq.Socket) -> None:
+    if isinstance(msg, TokenizedGenerateReq):
+        scheduler.add_request(msg)
+    elif isinstance(msg, AbortReq):
+        scheduler.abort(msg)
+    elif isinstance(msg, FlushCacheReq):
+        to_tokenizer.send_pyobj(scheduler.flush_cache())
+    elif isinstance(msg, GetServerInfoReq):
+        info = scheduler.server_info()
+        try:
+            scheduler.check_integrity()
+            info.info["kv_integrity"] = "ok"
+        except AssertionError as e:
+            logger.error("KV integrity check failed: %s", e)
+            info.info["kv_integrity"] = str(e)
+        to_tokenizer.send_pyobj(info)
+    else:
+        logger.warning("Scheduler got an unknown message: %r", type(msg))

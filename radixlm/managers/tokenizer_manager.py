@@ -1,0 +1,325 @@
+"""The TokenizerManager: the asyncio front of the engine.
+
+It validates and tokenizes requests, expands `n` into samples, sends them to
+the scheduler, and turns the detokenizer's text deltas into outputs. A caller
+that stops listening (a client that disconnects, a cancelled task) aborts its
+request, which frees its KV. If a child process dies, every pending and
+future request fails with `EngineDeadError` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from radixlm.managers.io_struct import (
+    AbortReq,
+    BatchStrOut,
+    FlushCacheOut,
+    FlushCacheReq,
+    GetServerInfoReq,
+    ProcessError,
+    SchedulerReady,
+    ServerInfoOut,
+    StrOut,
+    TokenizedGenerateReq,
+)
+from radixlm.managers.request_input import GenerateReqInput, SingleReq
+from radixlm.managers.validation import validate_request
+from radixlm.utils import PortArgs
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """A child process of the engine died; no request can be served."""
+
+
+@dataclass
+class _SampleState:
+    index: int  # position in the flattened (prompt, sample) output list
+    rid: str
+    return_logprob: bool
+    return_text_in_logprobs: bool
+    created: float = field(default_factory=time.monotonic)
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    finished: bool = False
+    first_token_time: float | None = None
+
+
+class TokenizerManager:
+    def __init__(self, server_args: Any, model_dir: str, ports: PortArgs) -> None:
+        from radixlm.tokenizer_utils import load_tokenizer
+
+        self.args = server_args
+        self.model_dir = model_dir
+        self.tokenizer = load_tokenizer(server_args.tokenizer_path or model_dir)
+        self.ctx = zmq.asyncio.Context(1)
+        self.to_scheduler = self.ctx.socket(zmq.PUSH)
+        self.to_scheduler.connect(ports.scheduler_input)
+        self.recv = self.ctx.socket(zmq.PULL)
+        self.recv.bind(ports.tokenizer_input)
+        self.states: dict[str, _SampleState] = {}
+        self.model_info: dict[str, Any] = {}
+        self.ready = asyncio.Event()
+        self.dead_reason: str | None = None
+        self.control_waiters: dict[type, list[asyncio.Future]] = {}
+        self.last_receive_time = time.monotonic()
+        self.on_sample_finished: Callable[[dict[str, Any]], None] | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self, is_alive: Callable[[], str | None]) -> None:
+        """Start the receive loop and the child watchdog (`is_alive` returns a death reason)."""
+        self._tasks.append(asyncio.create_task(self._receive_loop()))
+        self._tasks.append(asyncio.create_task(self._watchdog(is_alive)))
+
+    async def wait_ready(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout)
+        except TimeoutError as e:
+            raise EngineDeadError(f"The scheduler was not ready after {timeout:.0f} s") from e
+        if self.dead_reason:
+            raise EngineDeadError(self.dead_reason)
+
+    # ------------------------------------------------------------------ generate
+
+    async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+        """Yield outputs: for streams, one per delta; otherwise one per sample at its end.
+
+        Every output dict has `index` (its place in the prompt-major list of
+        samples), `text`, `output_ids` and `meta_info`; stream chunks add `delta`.
+        """
+        self._check_alive()
+        singles = obj.normalize()
+        prepared = [self._prepare(s) for s in singles]  # validate all before sending any
+        states: list[_SampleState] = []
+        for single, (input_ids, params) in zip(singles, prepared):
+            states.extend(self._send(single, input_ids, params, len(states)))
+        try:
+            async for out in self._merge(states, obj.stream):
+                yield out
+        finally:
+            unfinished = [s for s in states if not s.finished]
+            for s in unfinished:
+                self.abort_request(s.rid)
+            for s in states:
+                self.states.pop(s.rid, None)
+
+    def _prepare(self, single: SingleReq) -> tuple[list[int], Any]:
+        if single.input_ids is not None:
+            input_ids = single.input_ids
+        else:
+            assert single.text is not None
+            input_ids = self.tokenizer.encode(single.text)
+        params = validate_request(
+            single, input_ids, self.model_info.get("vocab_size", len(self.tokenizer)),
+            self.model_info.get("context_length", 1 << 30),
+        )
+        return input_ids, params
+
+    def _send(self, single: SingleReq, input_ids: list[int], params: Any, base: int
+              ) -> list[_SampleState]:
+        n = params.n
+        group = f"{single.rid}-{uuid.uuid4().hex[:8]}" if n > 1 else None
+        states = []
+        for i in range(n):
+            rid = single.rid if n == 1 else f"{single.rid}#{i}"
+            if rid in self.states:
+                raise ValueError(f"Duplicate request id {rid!r}")
+            state = _SampleState(base + i, rid, single.return_logprob,
+                                 single.return_text_in_logprobs)
+            self.states[rid] = state
+            states.append(state)
+            seed = params.seed + i if params.seed is not None else None
+            self.to_scheduler.send_pyobj(TokenizedGenerateReq(
+                rid=rid, input_ids=input_ids, sampling_params=params,
+                return_logprob=single.return_logprob,
+                logprob_start_len=single.logprob_start_len if single.return_logprob else -1,
+                top_logprobs_num=single.top_logprobs_num, stream=single.stream,
+                group_id=group, seed=seed,
+            ))
+        return states
+
+    async def _merge(self, states: list[_SampleState], stream: bool
+                     ) -> AsyncIterator[dict[str, Any]]:
+        if len(states) == 1:
+            state = states[0]
+            while True:
+                out = await state.queue.get()
+                if isinstance(out, Exception):
+                    raise out
+                if stream or state.finished:
+                    yield out
+                if state.finished:
+                    return
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(state: _SampleState) -> None:
+            while True:
+                out = await state.queue.get()
+                await merged.put(out)
+                if isinstance(out, Exception) or state.finished:
+                    return
+
+        tasks = [asyncio.create_task(pump(s)) for s in states]
+        try:
+            remaining = len(states)
+            while remaining:
+                out = await merged.get()
+                if isinstance(out, Exception):
+                    raise out
+                done = out["meta_info"]["finish_reason"] is not None
+                if stream or done:
+                    yield out
+                remaining -= done
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
+        if self.dead_reason:
+            return
+        self.to_scheduler.send_pyobj(AbortReq(rid=rid, abort_all=abort_all))
+
+    # ------------------------------------------------------------------ control
+
+    async def get_server_info(self) -> dict[str, Any]:
+        reply = await self._control(GetServerInfoReq(), ServerInfoOut)
+        return reply.info
+
+    async def flush_cache(self) -> FlushCacheOut:
+        return await self._control(FlushCacheReq(), FlushCacheOut)
+
+    async def _control(self, msg: Any, reply_type: type, timeout: float = 60.0) -> Any:
+        self._check_alive()
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.control_waiters.setdefault(reply_type, []).append(future)
+        self.to_scheduler.send_pyobj(msg)
+        return await asyncio.wait_for(future, timeout)
+
+    # ------------------------------------------------------------------ receive
+
+    async def _receive_loop(self) -> None:
+        while True:
+            msg = await self.recv.recv_pyobj()
+            self.last_receive_time = time.monotonic()
+            if isinstance(msg, BatchStrOut):
+                for out in msg.outs:
+                    self._on_str_out(out)
+            elif isinstance(msg, SchedulerReady):
+                self.model_info = msg.model_info
+                self.ready.set()
+            elif isinstance(msg, ProcessError):
+                self._die(f"The {msg.who} process failed: {msg.message}")
+            elif type(msg) in self.control_waiters and self.control_waiters[type(msg)]:
+                future = self.control_waiters[type(msg)].pop(0)
+                if not future.done():
+                    future.set_result(msg)
+
+    def _on_str_out(self, out: StrOut) -> None:
+        state = self.states.get(out.rid)
+        if state is None or state.finished:
+            return
+        tok = out.token_out
+        state.text += out.text_delta
+        state.output_ids.extend(tok.new_token_ids)
+        if state.first_token_time is None and tok.new_token_ids:
+            state.first_token_time = time.monotonic()
+        meta = state.meta
+        meta.update(
+            id=state.rid,
+            prompt_tokens=tok.prompt_tokens,
+            completion_tokens=tok.completion_tokens,
+            cached_tokens=tok.cached_tokens,
+            finish_reason=tok.finished_reason.to_json() if tok.finished_reason else None,
+            e2e_latency=time.monotonic() - state.created,
+        )
+        if state.return_logprob:
+            self._add_logprobs(state, tok)
+        if tok.finished_reason is not None:
+            state.finished = True
+            if tok.finished_reason.status_code is not None:
+                meta["status_code"] = tok.finished_reason.status_code
+            if self.on_sample_finished is not None:
+                self.on_sample_finished(self._output(state, ""))
+        state.queue.put_nowait(self._output(state, out.text_delta))
+
+    def _output(self, state: _SampleState, delta: str) -> dict[str, Any]:
+        return {
+            "index": state.index,
+            "text": state.text,
+            "delta": delta,
+            "output_ids": list(state.output_ids),
+            "meta_info": dict(state.meta),
+            "first_token_time": state.first_token_time,
+            "created": state.created,
+        }
+
+    def _add_logprobs(self, state: _SampleState, tok: Any) -> None:
+        meta = state.meta
+        with_text = state.return_text_in_logprobs
+
+        def entry(e: Any) -> list[Any] | None:
+            if e is None:
+                return None
+            logprob, token_id = e
+            text = self.tokenizer.decode([token_id]) if with_text else None
+            return [logprob, token_id, text]
+
+        meta.setdefault("output_token_logprobs", [])
+        meta.setdefault("output_top_logprobs", [])
+        meta["output_token_logprobs"].extend(entry(e) for e in tok.output_token_logprobs or [])
+        meta["output_top_logprobs"].extend(
+            [entry(e) for e in tops] for tops in tok.output_top_logprobs or []
+        )
+        if tok.input_token_logprobs is not None:
+            meta["input_token_logprobs"] = [entry(e) for e in tok.input_token_logprobs]
+            meta["input_top_logprobs"] = [
+                [entry(e) for e in tops] if tops is not None else None
+                for tops in tok.input_top_logprobs or []
+            ]
+
+    # ------------------------------------------------------------------ health
+
+    async def _watchdog(self, is_alive: Callable[[], str | None]) -> None:
+        while self.dead_reason is None:
+            await asyncio.sleep(0.5)
+            reason = is_alive()
+            if reason:
+                self._die(reason)
+
+    def _die(self, reason: str) -> None:
+        if self.dead_reason is not None:
+            return
+        logger.error("Engine is dead: %s", reason)
+        self.dead_reason = reason
+        self.ready.set()
+        error = EngineDeadError(reason)
+        for state in self.states.values():
+            state.queue.put_nowait(error)
+        for waiters in self.control_waiters.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_exception(error)
+
+    def _check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+
+    def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        self.to_scheduler.close(linger=0)
+        self.recv.close(linger=0)
+        self.ctx.term()

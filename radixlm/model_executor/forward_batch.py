@@ -1,0 +1,63 @@
+"""The device-side description of one forward pass.
+
+The scheduler describes a step with plain CPU objects (`StepPlan`); the model
+runner turns that into a `ForwardBatch` of tensors, which the model and the
+attention backend read. Every request in a batch "extends" its sequence by
+`extend_lens[i]` tokens (1 for a decode, a chunk for a prefill, more for a
+jump-forward), after `prefix_lens[i]` tokens whose KV is already in the pool.
+
+Tokens are flattened request-major: request i owns rows
+`extend_start_loc[i] : extend_start_loc[i] + extend_lens[i]` of `input_ids`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from radixlm.layers.attention import AttentionBackend
+    from radixlm.mem_cache.memory_pool import TokenToKVPool
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, position of each token in its sequence
+    out_cache_loc: torch.Tensor  # [T] int64, KV slot written for each token
+    req_pool_indices: torch.Tensor  # [B] int64, rows of req_to_token
+    req_to_token: torch.Tensor  # [num_req_slots, max_context_len] int64 (the pool's table)
+    token_to_kv_pool: TokenToKVPool
+    prefix_lens: list[int]  # [B] tokens already cached before this step
+    extend_lens: list[int]  # [B] tokens computed in this step
+    # Rows of the flattened tokens whose logits the runner computes, e.g. the
+    # last token of each request that samples, plus prompt-logprob positions.
+    logits_indices: torch.Tensor | None = None
+    # The runner's attention backend; each attention layer calls its forward().
+    attn_backend: AttentionBackend | None = None
+    # Filled by the attention backend's init_forward_metadata(), read by its forward().
+    attn_metadata: Any = None
+    # Optional multimodal inputs etc. for later model types.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.extend_lens)
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
+
+    @property
+    def extend_start_loc(self) -> list[int]:
+        starts, acc = [], 0
+        for n in self.extend_lens:
+            starts.append(acc)
+            acc += n
+        return starts
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(n == 1 for n in self.extend_lens)

@@ -1,0 +1,202 @@
+"""The model runner: loads the model, owns the device memory, runs one step.
+
+The scheduler hands it a `StepPlan` (CPU objects). `forward()` is the only
+place that builds device tensors: it turns the plan into a `ForwardBatch`,
+runs the model, computes logits only for the rows that need them (the last
+token of each sampling request, plus prompt-logprob positions), samples, and
+returns plain Python results.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import torch
+
+from radixlm.layers.attention import create_attention_backend
+from radixlm.managers.io_struct import LogprobEntry
+from radixlm.managers.schedule_batch import ForwardResult, InputLogprobs, StepPlan
+from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
+from radixlm.mem_cache.chunk_cache import ChunkCache
+from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixlm.mem_cache.radix_cache import RadixCache
+from radixlm.model_executor.forward_batch import ForwardBatch
+from radixlm.model_loader.loader import load_model
+from radixlm.sampling.sampler import SamplingBatchInfo, compute_logprobs, sample
+from radixlm.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+def _available_memory_bytes(device: str) -> int:
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        return int(free)
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 8 << 30
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs, model_dir: str) -> None:
+        self.args = args
+        self.device = args.device
+        if args.device == "cpu":
+            torch.set_num_threads(args.num_threads or os.cpu_count() or 1)
+        self.dtype = getattr(torch, args.torch_dtype_name)
+        self.model, self.config = load_model(model_dir, self.dtype, self.device)
+        text_config = getattr(self.config, "text_config", None) or self.config
+        self.vocab_size = int(text_config.vocab_size)
+        self.context_len = int(args.context_length or text_config.max_position_embeddings)
+        self.eos_token_ids = _eos_ids(self.config, model_dir)
+        self._init_memory(text_config)
+        self.attn_backend = create_attention_backend("torch_native", self.model)
+
+    def _init_memory(self, cfg) -> None:  # type: ignore[no-untyped-def]
+        num_layers = int(cfg.num_hidden_layers)
+        num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        num_tokens = self.args.max_total_tokens
+        if num_tokens is None:
+            per_token = TokenToKVPool.bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
+            budget = int(_available_memory_bytes(self.device) * self.args.mem_fraction)
+            num_tokens = min(budget // per_token, self.args.max_running_requests * self.context_len)
+        num_tokens = max(int(num_tokens), 2)
+        self.token_to_kv_pool = TokenToKVPool(
+            num_tokens, num_layers, num_kv_heads, head_dim, self.dtype, self.device
+        )
+        # A few extra rows: requests retracted mid-step release theirs before the next admit.
+        self.req_to_token_pool = ReqToTokenPool(
+            self.args.max_running_requests + 1, self.context_len + 8, self.device
+        )
+        self.prefix_cache: BasePrefixCache
+        if self.args.disable_radix_cache:
+            self.prefix_cache = ChunkCache(self.token_to_kv_pool)
+        else:
+            self.prefix_cache = RadixCache(self.token_to_kv_pool)
+        logger.info("KV pool: %d tokens (%d layers, %d kv heads, head dim %d)",
+                    num_tokens, num_layers, num_kv_heads, head_dim)
+
+    # ------------------------------------------------------------------ step
+
+    @torch.inference_mode()
+    def forward(self, plan: StepPlan) -> ForwardResult:
+        batch, sample_rows, logprob_rows = self._build_batch(plan)
+        self.attn_backend.init_forward_metadata(batch)
+        hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, hidden]
+        assert batch.logits_indices is not None
+        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [M, V]
+        return self._sample(plan, logits, sample_rows, logprob_rows)
+
+    def _build_batch(self, plan: StepPlan) -> tuple[ForwardBatch, list[int], list[tuple[int, int]]]:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        logits_indices: list[int] = []
+        sample_rows: list[int] = []  # per item: row in logits, or -1
+        logprob_rows: list[tuple[int, int]] = []  # per item: [start, end) rows in logits
+        offset = 0
+        for item in plan.items:
+            input_ids.extend(item.input_ids)
+            positions.extend(range(item.prefix_len, item.prefix_len + item.extend_len))
+            start = len(logits_indices)
+            if item.logprob_positions is not None:
+                lo, hi = item.logprob_positions
+                logits_indices.extend(offset + p - item.prefix_len for p in range(lo, hi))
+            logprob_rows.append((start, len(logits_indices)))
+            if item.samples:
+                sample_rows.append(len(logits_indices))
+                logits_indices.append(offset + item.extend_len - 1)
+            else:
+                sample_rows.append(-1)
+            offset += item.extend_len
+        dev = self.device
+        batch = ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            out_cache_loc=plan.out_cache_loc.to(dev),
+            req_pool_indices=torch.tensor(
+                [it.req.req_pool_idx for it in plan.items], dtype=torch.int64, device=dev
+            ),
+            req_to_token=self.req_to_token_pool.req_to_token,
+            token_to_kv_pool=self.token_to_kv_pool,
+            prefix_lens=[it.prefix_len for it in plan.items],
+            extend_lens=[it.extend_len for it in plan.items],
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
+            attn_backend=self.attn_backend,
+        )
+        return batch, sample_rows, logprob_rows
+
+    def _sample(
+        self,
+        plan: StepPlan,
+        logits: torch.Tensor,
+        sample_rows: list[int],
+        logprob_rows: list[tuple[int, int]],
+    ) -> ForwardResult:
+        n = len(plan.items)
+        next_ids: list[int | None] = [None] * n
+        token_lps: list[LogprobEntry | None] = [None] * n
+        top_lps: list[list[LogprobEntry] | None] = [None] * n
+        input_lps: list[InputLogprobs | None] = [None] * n
+
+        sampling = [i for i in range(n) if sample_rows[i] >= 0]
+        if sampling:
+            reqs = [plan.items[i].req for i in sampling]
+            rows = torch.tensor([sample_rows[i] for i in sampling], device=logits.device)
+            raw = logits[rows]  # [S, V]
+            info = SamplingBatchInfo.from_params(
+                [r.sampling_params for r in reqs],
+                [r.output_ids for r in reqs],
+                [r.generator for r in reqs],
+                self.vocab_size,
+                self.eos_token_ids,
+                device=self.device,
+            )
+            chosen = sample(raw.clone(), info)  # [S]
+            chosen_list = chosen.tolist()
+            want_lp = [j for j, r in enumerate(reqs) if r.return_logprob]
+            if want_lp:
+                idx = torch.tensor(want_lp, device=logits.device)
+                lp = compute_logprobs(
+                    raw[idx], chosen[idx], [reqs[j].top_logprobs_num for j in want_lp]
+                )
+                for k, j in enumerate(want_lp):
+                    token_lps[sampling[j]] = lp.token_logprobs[k]
+                    top_lps[sampling[j]] = lp.top_logprobs[k]
+            for j, i in enumerate(sampling):
+                next_ids[i] = chosen_list[j]
+
+        for i, item in enumerate(plan.items):
+            if item.logprob_positions is None:
+                continue
+            start, end = logprob_rows[i]
+            lo, hi = item.logprob_positions
+            targets = item.req.origin_input_ids[lo + 1 : hi + 1]
+            lp = compute_logprobs(
+                logits[start:end],
+                torch.tensor(targets, dtype=torch.int64, device=logits.device),
+                [item.req.top_logprobs_num] * len(targets),
+            )
+            input_lps[i] = (list(lp.token_logprobs), list(lp.top_logprobs))
+        return ForwardResult(next_ids, token_lps, top_lps, input_lps)
+
+
+def _eos_ids(config, model_dir: str) -> set[int]:  # type: ignore[no-untyped-def]
+    ids: set[int] = set()
+    for source in (config, _generation_config(model_dir)):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list | tuple):
+            ids.update(int(e) for e in eos)
+    return ids
+
+
+def _generation_config(model_dir: str):  # type: ignore[no-untyped-def]
+    try:
+        from transformers import GenerationConfig
+
+        return GenerationConfig.from_pretrained(model_dir)
+    except Exception:  # noqa: BLE001 - optional file
+        return None

