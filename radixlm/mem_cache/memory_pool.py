@@ -1,0 +1,210 @@
+"""The two memory pools: request rows and KV slots.
+
+`ReqToTokenPool` maps (request row, token position) to a KV slot; the model
+runner gathers each request's KV through its row. `TokenToKVPool` holds the K
+and V tensors of every layer, indexed by KV slot, and the allocator of those
+slots.
+
+Slot 0 of the KV pool is a reserved dummy: padding positions in a batch point
+at it, so it is never handed out and its contents are garbage. Usable slots
+are 1..size.
+
+Allocation runs every step for every request, so both operations are cheap:
+`alloc(n)` slices the head off a tensor of free slots, and `free()` only
+appends to a list of pending frees, merged into the free tensor when an
+allocation needs them. Neither synchronizes with the device. Double frees are
+caught at once in `debug` mode, and otherwise by `check_integrity()` (a slot
+free twice appears twice in the free list).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# NOTE: frees are merged into the free tensor at the latest when this many are
+# pending, to bound the list's length when allocation never runs short.
+_MAX_PENDING_FREES = 1024
+
+
+class ReqToTokenPool:
+    """Rows of the request × position → KV slot table, one row per running request.
+
+    Invariant: every row index in 0..size-1 is either free or allocated, never
+    both; `free()` of a row that is already free raises ValueError.
+    """
+
+    def __init__(self, size: int, max_context_len: int, device: str = "cpu") -> None:
+        if size < 1 or max_context_len < 1:
+            raise ValueError(f"bad ReqToTokenPool shape ({size}, {max_context_len})")
+        self.size = size
+        self.max_context_len = max_context_len
+        self.device = device
+        self.req_to_token = torch.zeros(
+            (size, max_context_len), dtype=torch.int64, device=device
+        )  # [size, max_context_len]
+        self._free_rows: list[int] = list(range(size - 1, -1, -1))  # pop() gives row 0 first
+        self._is_free = [True] * size
+
+    def available_size(self) -> int:
+        return len(self._free_rows)
+
+    def alloc(self) -> int | None:
+        """A free row, or None when all rows are in use. The row's old contents remain."""
+        if not self._free_rows:
+            return None
+        idx = self._free_rows.pop()
+        self._is_free[idx] = False
+        return idx
+
+    def free(self, idx: int) -> None:
+        """Return a row. Raises ValueError on an unknown or already free row."""
+        if not 0 <= idx < self.size:
+            raise ValueError(f"request row {idx} out of range [0, {self.size})")
+        if self._is_free[idx]:
+            raise ValueError(f"double free of request row {idx}")
+        self._is_free[idx] = True
+        self._free_rows.append(idx)
+
+    def clear(self) -> None:
+        """Every row free again."""
+        self._free_rows = list(range(self.size - 1, -1, -1))
+        self._is_free = [True] * self.size
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if the free list and the free flags disagree."""
+        assert len(set(self._free_rows)) == len(self._free_rows), "request row freed twice"
+        assert sorted(self._free_rows) == [i for i, f in enumerate(self._is_free) if f]
+
+
+class TokenToKVPool:
+    """Per-layer K and V buffers of `size + 1` slots, and the allocator of slots 1..size.
+
+    Ownership: a slot returned by `alloc()` belongs to the caller until it is
+    passed to `free()` (directly, or through the prefix cache that took it
+    over). `free()` accepts slots in any order and any number of calls, and
+    copies its argument, so the caller may reuse the tensor it passed.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str = "cpu",
+        *,
+        debug: bool = False,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"KV pool size must be at least 1, got {size}")
+        self.size = size
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = device
+        # In debug mode every free is checked against a per-slot flag (a device sync).
+        self.debug = debug
+        shape = (size + 1, num_kv_heads, head_dim)
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._free_slots: torch.Tensor  # [num_free] int64, allocated from the head
+        self._pending: list[torch.Tensor]  # freed since the last merge
+        self._num_pending: int
+        self._is_free: torch.Tensor  # [size + 1] bool, maintained in debug mode only
+        self.clear()
+
+    @staticmethod
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        """Bytes of K plus V that one slot takes over all layers."""
+        element_size = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * num_kv_heads * head_dim * element_size
+
+    # ---- KV storage ----
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer, each [size + 1, num_kv_heads, head_dim]."""
+        return self.k_buffers[layer_id], self.v_buffers[layer_id]
+
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """Write K and V of T tokens. loc: [T] int64; k, v: [T, num_kv_heads, head_dim]."""
+        self.k_buffers[layer_id][loc] = k.to(self.dtype)
+        self.v_buffers[layer_id][loc] = v.to(self.dtype)
+
+    # ---- allocator ----
+
+    def available_size(self) -> int:
+        return self._free_slots.numel() + self._num_pending
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """n free slots as a new [n] int64 tensor on the pool's device; None if fewer are free."""
+        if n < 0:
+            raise ValueError(f"cannot allocate {n} slots")
+        if n > self._free_slots.numel():
+            self._merge_pending()
+            if n > self._free_slots.numel():
+                return None
+        # NOTE: clone, so callers never hold a view that keeps an old free tensor alive.
+        out = self._free_slots[:n].clone()
+        self._free_slots = self._free_slots[n:]
+        if self.debug:
+            self._is_free[out] = False
+        return out
+
+    def free(self, indices: torch.Tensor) -> None:
+        """Give slots back. In debug mode, raises ValueError on slot 0, out of range or reuse."""
+        if indices.numel() == 0:
+            return
+        indices = indices.reshape(-1).to(device=self.device, dtype=torch.int64)
+        if self.debug:
+            self._check_free(indices)
+            self._is_free[indices] = True
+        self._pending.append(indices.clone())
+        self._num_pending += indices.numel()
+        if len(self._pending) >= _MAX_PENDING_FREES:
+            self._merge_pending()
+
+    def clear(self) -> None:
+        """Every slot free again (the buffers keep their contents)."""
+        self._free_slots = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        self._pending = []
+        self._num_pending = 0
+        self._is_free = torch.ones(self.size + 1, dtype=torch.bool, device=self.device)
+        self._is_free[0] = False
+
+    def free_slots(self) -> torch.Tensor:
+        """All free slots as one int64 tensor (a merge: O(size), for checks and tests)."""
+        self._merge_pending()
+        return self._free_slots.clone()
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if a slot is free twice, or a free slot is 0 or out of range."""
+        free = self.free_slots()
+        assert free.numel() <= self.size, f"{free.numel()} free slots in a pool of {self.size}"
+        if free.numel():
+            assert int(free.min()) >= 1 and int(free.max()) <= self.size, "free slot out of range"
+            assert torch.unique(free).numel() == free.numel(), "a slot was freed twice"
+        if self.debug:
+            mask = torch.zeros_like(self._is_free)
+            mask[free] = True
+            assert torch.equal(mask, self._is_free), "free flags disagree with the free list"
+
+    def _merge_pending(self) -> None:
+        if self._pending:
+            self._free_slots = torch.cat([self._free_slots, *self._pending])
+            self._pending = []
+            self._num_pending = 0
+
+    def _check_free(self, indices: torch.Tensor) -> None:
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 1 or hi > self.size:
+            raise ValueError(f"freeing slot outside 1..{self.size}: [{lo}, {hi}]")
+        if torch.unique(indices).numel() != indices.numel():
+            raise ValueError("the same slot appears twice in one free()")
+        if bool(self._is_free[indices].any()):
+            raise ValueError("double free of a KV slot")

@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.mem_cache import ReqToTokenPool, TokenToKVPool
+
+
+def make_pool(size: int = 8, debug: bool = True) -> TokenToKVPool:
+    return TokenToKVPool(
+        size, num_layers=2, num_kv_heads=2, head_dim=4, dtype=torch.float32, debug=debug
+    )
+
+
+def test_req_to_token_pool_alloc_free_exhaustion() -> None:
+    pool = ReqToTokenPool(3, max_context_len=16)
+    assert pool.req_to_token.shape == (3, 16) and pool.req_to_token.dtype == torch.int64
+    rows = [pool.alloc() for _ in range(3)]
+    assert sorted(r for r in rows if r is not None) == [0, 1, 2]
+    assert pool.alloc() is None and pool.available_size() == 0
+    pool.free(1)
+    assert pool.available_size() == 1 and pool.alloc() == 1
+    pool.check_integrity()
+
+
+def test_req_to_token_pool_rejects_double_free() -> None:
+    pool = ReqToTokenPool(2, max_context_len=4)
+    row = pool.alloc()
+    assert row is not None
+    pool.free(row)
+    with pytest.raises(ValueError, match="double free"):
+        pool.free(row)
+    with pytest.raises(ValueError, match="out of range"):
+        pool.free(5)
+    pool.clear()
+    assert pool.available_size() == 2
+    pool.check_integrity()
+
+
+def test_kv_pool_alloc_free_exhaustion_clear() -> None:
+    pool = make_pool(8)
+    a = pool.alloc(5)
+    assert a is not None and a.dtype == torch.int64 and a.shape == (5,)
+    assert pool.alloc(4) is None  # only 3 left: nothing is taken
+    assert pool.available_size() == 3
+    b = pool.alloc(3)
+    assert b is not None
+    slots = torch.cat([a, b])
+    assert sorted(slots.tolist()) == list(range(1, 9))  # slot 0 is never handed out
+    assert pool.alloc(1) is None
+    empty = pool.alloc(0)
+    assert empty is not None and empty.numel() == 0
+    pool.free(a[:2])
+    pool.free(b)
+    assert pool.available_size() == 5
+    again = pool.alloc(5)  # needs the pending frees merged
+    assert again is not None and sorted(again.tolist()) == sorted(a[:2].tolist() + b.tolist())
+    pool.check_integrity()
+    pool.clear()
+    assert pool.available_size() == 8
+    pool.check_integrity()
+
+
+def test_kv_pool_free_copies_its_argument() -> None:
+    pool = make_pool(4)
+    a = pool.alloc(4)
+    assert a is not None
+    pool.free(a)
+    a.fill_(0)  # the caller reuses its tensor
+    assert sorted(pool.free_slots().tolist()) == [1, 2, 3, 4]
+
+
+def test_kv_pool_debug_catches_double_free_and_bad_slots() -> None:
+    pool = make_pool(4)
+    a = pool.alloc(2)
+    assert a is not None
+    pool.free(a)
+    with pytest.raises(ValueError, match="double free"):
+        pool.free(a[:1])
+    with pytest.raises(ValueError, match="outside"):
+        pool.free(torch.tensor([0]))
+    b = pool.alloc(2)
+    assert b is not None
+    with pytest.raises(ValueError, match="twice"):
+        pool.free(torch.cat([b, b]))
+
+
+def test_kv_pool_check_integrity_catches_double_free_without_debug() -> None:
+    pool = make_pool(4, debug=False)
+    a = pool.alloc(2)
+    assert a is not None
+    pool.free(a)
+    pool.free(a)
+    with pytest.raises(AssertionError):
+        pool.check_integrity()
+
+
+def test_kv_buffers() -> None:
+    pool = make_pool(4)
+    k, v = pool.get_kv_buffer(1)
+    assert k.shape == v.shape == (5, 2, 4)
+    loc = torch.tensor([3, 1])
+    new_k = torch.randn(2, 2, 4, dtype=torch.float64)  # cast to the pool's dtype
+    new_v = torch.randn(2, 2, 4)
+    pool.set_kv_buffer(1, loc, new_k, new_v)
+    k, v = pool.get_kv_buffer(1)
+    torch.testing.assert_close(k[loc], new_k.float())
+    torch.testing.assert_close(v[loc], new_v)
+    assert pool.get_kv_buffer(0)[0].abs().sum() == 0
+
+
+def test_bytes_per_token() -> None:
+    assert TokenToKVPool.bytes_per_token(30, 3, 64, torch.float32) == 2 * 30 * 3 * 64 * 4
+    assert TokenToKVPool.bytes_per_token(2, 1, 8, torch.bfloat16) == 2 * 2 * 8 * 2
+
+
+def test_many_small_frees_stay_consistent() -> None:
+    pool = make_pool(3000, debug=False)
+    slots = pool.alloc(3000)
+    assert slots is not None
+    for s in slots.split(1):  # more frees than the pending-list bound
+        pool.free(s)
+    assert pool.available_size() == 3000
+    pool.check_integrity()
