@@ -59,12 +59,15 @@ class _SampleState:
 
 
 class TokenizerManager:
-    def __init__(self, server_args: Any, model_dir: str, ports: PortArgs) -> None:
+    def __init__(self, server_args: Any, model_dir: str, ports: PortArgs,
+                 tokenizer: Any = None) -> None:
+        """`tokenizer`: an already loaded tokenizer (loading one takes seconds, so a
+        server loads it in a thread instead of blocking its event loop); None loads it."""
         from radixlm.tokenizer_utils import load_tokenizer
 
         self.args = server_args
         self.model_dir = model_dir
-        self.tokenizer = load_tokenizer(server_args.tokenizer_path or model_dir)
+        self.tokenizer = tokenizer or load_tokenizer(server_args.tokenizer_path or model_dir)
         self.ctx = zmq.asyncio.Context(1)
         self.to_scheduler = self.ctx.socket(zmq.PUSH)
         self.to_scheduler.connect(ports.scheduler_input)

@@ -57,7 +57,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # NOTE: tiny temperatures overflow the softmax; treat them as greedy like SGLang.
+        return self.temperature < 1e-6 or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:
