@@ -1,4 +1,4 @@
-"""Command line: `radixlm generate "prompt"` (and `radixlm serve`, see launch_server)."""
+"""Command line: `radixlm serve` (the HTTP server) and `radixlm generate "prompt"`."""
 
 from __future__ import annotations
 
@@ -33,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixlm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    serve = sub.add_parser("serve", help="Serve the model over HTTP (native and OpenAI APIs).",
+                           description="Serve the model over HTTP: native /generate and the "
+                           "OpenAI-compatible /v1 API.")
+    add_cli_args(serve)
+
     gen = sub.add_parser("generate", help="Generate text for one prompt and print it.")
     gen.add_argument("prompt")
     gen.add_argument("--max-new-tokens", type=int, default=64)
@@ -43,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     add_cli_args(gen)
 
     ns = parser.parse_args(argv)
+    if ns.command == "serve":
+        from radixlm.launch_server import serve as run_serve
+
+        return run_serve(ns)
     if ns.command == "generate":
         return _generate(ns)
     return 2

@@ -167,13 +167,14 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        stop_children(self._procs, self._ports)
         tm = getattr(self, "tokenizer_manager", None)
         if tm is not None and self._loop.is_running():
+            # Close first, so the watchdog does not report the children we stop.
             try:
                 asyncio.run_coroutine_threadsafe(_close(tm), self._loop).result(5)
             except Exception:  # noqa: BLE001 - best effort at exit
                 pass
+        stop_children(self._procs, self._ports)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 

@@ -7,14 +7,11 @@ TokenizerManager in its own event loop and passes `is_alive` to its watchdog.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import shutil
 from collections.abc import Callable
-from multiprocessing.process import BaseProcess
 
-from radixlm.managers.detokenizer_manager import run_detokenizer_process
-from radixlm.managers.scheduler_process import run_scheduler_process
+from radixlm.entrypoints.child_process import ChildProcess
 from radixlm.server_args import ServerArgs
 from radixlm.utils import PortArgs
 
@@ -29,26 +26,18 @@ def prepare_environment() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def launch_children(args: ServerArgs) -> tuple[str, PortArgs, list[BaseProcess]]:
+def launch_children(args: ServerArgs) -> tuple[str, PortArgs, list[ChildProcess]]:
     """Resolve the model folder (converting a GGUF once) and start the children."""
     from radixlm.model_loader.default_model import resolve_model_dir
 
     prepare_environment()
     model_dir = resolve_model_dir(args.model_path)
     ports = PortArgs.create()
-    ctx = mp.get_context("spawn")
-    procs: list[BaseProcess] = [
-        ctx.Process(target=run_scheduler_process, args=(args, model_dir, ports),
-                    name="radixlm-scheduler", daemon=True),
-        ctx.Process(target=run_detokenizer_process, args=(args, model_dir, ports),
-                    name="radixlm-detokenizer", daemon=True),
-    ]
-    for p in procs:
-        p.start()
+    procs = [ChildProcess(kind, (args, model_dir, ports)) for kind in ("scheduler", "detokenizer")]
     return model_dir, ports, procs
 
 
-def make_is_alive(procs: list[BaseProcess]) -> Callable[[], str | None]:
+def make_is_alive(procs: list[ChildProcess]) -> Callable[[], str | None]:
     def is_alive() -> str | None:
         for p in procs:
             if not p.is_alive():
@@ -58,7 +47,7 @@ def make_is_alive(procs: list[BaseProcess]) -> Callable[[], str | None]:
     return is_alive
 
 
-def stop_children(procs: list[BaseProcess], ports: PortArgs | None, timeout: float = 5.0) -> None:
+def stop_children(procs: list[ChildProcess], ports: PortArgs | None, timeout: float = 5.0) -> None:
     """Terminate the children, kill what does not exit, remove the IPC folder."""
     for p in procs:
         if p.is_alive():

@@ -43,7 +43,8 @@ class GenerateReqInput:
     def is_batch(self) -> bool:
         if self.text is not None:
             return isinstance(self.text, list)
-        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+        ids = self.input_ids
+        return isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
 
     def normalize(self) -> list[SingleReq]:
         """Split into single requests; raise ValueError on a malformed request."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+
 import torch
 
 from radixlm.layers.attention import create_attention_backend

@@ -1,0 +1,221 @@
+"""The native (SGLang-style) routes.
+
+    POST /generate          text | input_ids, single or batch; streams with `stream`
+    GET  /health            200 while serving, 503 while loading, draining or dead
+    GET  /health_generate   generates one token (503 if the scheduler is dead or stuck)
+    GET  /get_model_info    model path, context length, vocabulary, ...
+    GET  /get_server_info   server args + scheduler state (free/used KV tokens, ...)
+    POST /flush_cache       empty the prefix cache (400 while requests run)
+    POST /abort_request     {"rid": ...} or {"abort_all": true}
+    GET  /metrics           with --enable-metrics
+
+/generate answers one output dict (`text`, `output_ids`, `meta_info`, `index`)
+for a single prompt with n == 1, else a list of them in prompt-major order;
+a stream sends `data: {...}` per new piece of text (cumulative `text`, the new
+`delta`) and ends with `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, model_validator
+from starlette.responses import Response
+
+from radixlm import __version__
+from radixlm.entrypoints.http_utils import (
+    SSE_DONE,
+    aclose,
+    all_outputs,
+    collect,
+    open_stream,
+    parse_body,
+    sse,
+    sse_error,
+    sse_response,
+)
+from radixlm.entrypoints.openai.errors import APIError, JSONResponse
+from radixlm.entrypoints.server_state import ServerState
+from radixlm.managers.request_input import GenerateReqInput
+from radixlm.metrics import CONTENT_TYPE
+
+router = APIRouter()
+
+HEALTH_GENERATE_TIMEOUT = 20.0  # seconds (at most --watchdog-timeout)
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.server  # type: ignore[no-any-return]
+
+
+class GenerateRequest(BaseModel):
+    """POST /generate body (see GenerateReqInput for the batch rules)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    rid: str | list[str] | None = None
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    return_text_in_logprobs: bool = True
+    stream: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_empty_extras(cls, data: Any) -> Any:
+        # NOTE: SGLang clients send fields this server lacks (image_data, lora_path, ...)
+        # as null; those are dropped, while a real value is an error naming the field.
+        if isinstance(data, dict):
+            known = cls.model_fields
+            return {k: v for k, v in data.items() if k in known or v not in (None, False, [], {})}
+        return data
+
+
+class AbortRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rid: str | None = None
+    abort_all: bool = False
+
+
+def _public(out: dict[str, Any]) -> dict[str, Any]:
+    return {"text": out["text"], "output_ids": out["output_ids"], "meta_info": out["meta_info"],
+            "index": out["index"]}
+
+
+@router.post("/generate")
+async def generate(request: Request) -> Response:
+    state = state_of(request)
+    tm = state.engine()
+    body = await parse_body(request, GenerateRequest)
+    obj = GenerateReqInput(**body.model_dump())
+    if not obj.stream:
+        outs = await collect(request, tm.generate(obj))
+        single = not obj.is_batch and len(outs) == 1
+        return JSONResponse(_public(outs[0]) if single else [_public(o) for o in outs])
+    outputs = tm.generate(obj)
+    first = await open_stream(request, outputs)
+
+    async def events() -> AsyncGenerator[bytes, None]:
+        rest = all_outputs(first, outputs)
+        try:
+            async for out in rest:
+                if isinstance(out, APIError):
+                    yield sse_error(out)
+                    break
+                yield sse(_public(out) | {"delta": out["delta"]})
+            yield SSE_DONE
+        finally:
+            await aclose(rest)
+
+    return sse_response(events())
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    reason = state_of(request).unhealthy_reason()
+    if reason is not None:
+        raise APIError(reason, 503)
+    return Response(status_code=200)
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    """Healthy when the scheduler answers: a one-token generate finishes, or (when it is
+    busy) any output arrives while we wait."""
+    state = state_of(request)
+    tm = state.engine()
+    if state.is_stuck():
+        raise APIError("The scheduler has not made progress within --watchdog-timeout", 503)
+    timeout = min(HEALTH_GENERATE_TIMEOUT, state.args.watchdog_timeout)
+    started = time.monotonic()
+    obj = GenerateReqInput(input_ids=[0], rid=f"health-{uuid.uuid4().hex}",
+                           sampling_params={"max_new_tokens": 1, "temperature": 0.0})
+
+    async def run() -> None:
+        async for _ in tm.generate(obj):
+            pass
+
+    task = asyncio.ensure_future(run())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.1)
+            if tm.last_receive_time > started:
+                break  # the scheduler answered (this request or others): alive
+            if time.monotonic() - started > timeout:
+                raise APIError(f"The scheduler did not answer a one-token request in {timeout:g} s",
+                               503)
+        if task.done() and task.exception() is not None:
+            raise APIError(f"The health check request failed: {task.exception()}", 503)
+    finally:
+        if not task.done():
+            task.cancel()
+    return Response(status_code=200)
+
+
+@router.get("/get_model_info")
+async def get_model_info(request: Request) -> Response:
+    state = state_of(request)
+    tm = state.engine()
+    args = state.args
+    return JSONResponse({
+        "model_path": args.model_path or tm.model_dir,
+        "tokenizer_path": args.tokenizer_path or tm.model_dir,
+        "served_model_name": state.model_name,
+        "is_generation": True,
+        "chat_template": state.chat_template.name if state.chat_template else None,
+        **tm.model_info,
+    })
+
+
+@router.get("/get_server_info")
+async def get_server_info(request: Request) -> Response:
+    state = state_of(request)
+    tm = state.engine()
+    info = await tm.get_server_info()
+    args = dataclasses.asdict(state.args)
+    args.pop("api_key", None)
+    return JSONResponse({**args, **info, "version": __version__})
+
+
+@router.api_route("/flush_cache", methods=["POST", "GET"])
+async def flush_cache(request: Request) -> Response:
+    result = await state_of(request).engine().flush_cache()
+    if not result.success:
+        raise APIError(result.message or "Cannot flush the cache while requests are running")
+    return JSONResponse({"success": True, "message": result.message or "Cache flushed"})
+
+
+@router.post("/abort_request")
+async def abort_request(request: Request) -> Response:
+    tm = state_of(request).engine()
+    body = await parse_body(request, AbortRequest)
+    if body.abort_all:
+        tm.abort_request(abort_all=True)
+    elif body.rid:
+        # A request with n > 1 runs as samples "<rid>#<i>".
+        rids = [r for r in list(tm.states) if r == body.rid or r.startswith(body.rid + "#")]
+        for rid in rids or [body.rid]:
+            tm.abort_request(rid)
+    else:
+        raise APIError("Give 'rid' or 'abort_all': true", param="rid")
+    return JSONResponse({"success": True})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = state_of(request)
+    if state.metrics is None:
+        raise APIError("Metrics are disabled; start the server with --enable-metrics", 404)
+    if state.unhealthy_reason() is None:
+        state.metrics.update_from_server_info(await state.tm.get_server_info())
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,167 @@
+"""POST /v1/completions: translate to a native generate request and back.
+
+- Prompts (a string, strings, token ids, lists of token ids) are tokenized
+  here, so echo and prompt logprobs line up with the exact prompt tokens.
+- A batch of P prompts with `n` samples each gives P * n choices; choice
+  `i * n + j` is sample j of prompt i (the runtime's output index).
+- `echo` puts the prompt before each choice's text; with `logprobs` it asks
+  the runtime for prompt logprobs from position 0 (the first prompt token has
+  logprob None: nothing precedes it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from radixlm.entrypoints.http_utils import (
+    SSE_DONE,
+    aclose,
+    all_outputs,
+    collect,
+    open_stream,
+    parse_body,
+    sse,
+    sse_error,
+    sse_response,
+)
+from radixlm.entrypoints.openai.errors import APIError, JSONResponse
+from radixlm.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+)
+from radixlm.entrypoints.openai.utils import (
+    CompletionLogprobsBuilder,
+    batch_rids,
+    finish_fields,
+    make_usage,
+    merge_logprobs,
+    new_id,
+    num_output_logprobs,
+)
+from radixlm.entrypoints.server_state import ServerState
+from radixlm.managers.request_input import GenerateReqInput
+
+
+def tokenize_prompts(prompt: Any, tokenizer: Any) -> list[tuple[str, list[int]]]:
+    """(text, token ids) per prompt; the text of a token-id prompt is its decoding."""
+    if isinstance(prompt, str):
+        return [(prompt, tokenizer.encode(prompt))]
+    if all(isinstance(p, str) for p in prompt):
+        return [(p, tokenizer.encode(p)) for p in prompt]
+    if all(isinstance(p, int) for p in prompt):
+        prompt = [prompt]
+    return [(_safe_decode(tokenizer, ids), list(ids)) for ids in prompt]
+
+
+def _safe_decode(tokenizer: Any, ids: list[int]) -> str:
+    try:
+        return str(tokenizer.decode(ids))
+    except Exception:  # noqa: BLE001 - ids outside the vocabulary; validation says so later
+        return ""
+
+
+async def create_completion(request: Request, state: ServerState) -> Response:
+    tm = state.engine()
+    req = await parse_body(request, CompletionRequest)
+    prompts = tokenize_prompts(req.prompt, tm.tokenizer)
+    want_logprobs = req.logprobs is not None
+    obj = GenerateReqInput(
+        input_ids=[ids for _, ids in prompts],
+        sampling_params=req.sampling_params(req.max_tokens),
+        rid=batch_rids(req.rid, "cmpl", len(prompts)),
+        return_logprob=want_logprobs,
+        logprob_start_len=0 if req.echo and want_logprobs else -1,
+        top_logprobs_num=req.logprobs or 0,
+        stream=req.stream,
+    )
+    translator = _Translator(req, prompts, tm.tokenizer, state.model_name)
+    if not req.stream:
+        outs = await collect(request, tm.generate(obj))
+        return JSONResponse(translator.response(outs))
+    outputs = tm.generate(obj)
+    first = await open_stream(request, outputs)
+    return sse_response(translator.events(all_outputs(first, outputs)))
+
+
+class _Translator:
+    """Runtime outputs of one completions request → OpenAI responses or chunks."""
+
+    def __init__(self, req: CompletionRequest, prompts: list[tuple[str, list[int]]],
+                 tokenizer: Any, model_name: str) -> None:
+        self.req = req
+        self.prompts = prompts
+        self.tokenizer = tokenizer
+        self.model = req.model or model_name
+        self.id = new_id("cmpl")
+        self.created = int(time.time())
+        self.want_logprobs = req.logprobs is not None
+
+    def _prompt_of(self, index: int) -> tuple[str, list[int]]:
+        return self.prompts[index // self.req.n]
+
+    def response(self, outs: list[dict[str, Any]]) -> dict[str, Any]:
+        choices = []
+        for out in outs:
+            meta, index = out["meta_info"], out["index"]
+            prompt_text, prompt_ids = self._prompt_of(index)
+            logprobs = None
+            if self.want_logprobs:
+                builder = CompletionLogprobsBuilder(self.tokenizer)
+                head = builder.prompt(prompt_ids, meta) if self.req.echo else CompletionLogprobs()
+                logprobs = merge_logprobs(head, builder.output(meta))
+            finish, matched = finish_fields(meta)
+            text = prompt_text + out["text"] if self.req.echo else out["text"]
+            choices.append(CompletionChoice(index=index, text=text, logprobs=logprobs,
+                                            finish_reason=finish, matched_stop=matched))
+        usage = make_usage({o["index"]: o["meta_info"] for o in outs}, self.req.n)
+        return CompletionResponse(id=self.id, created=self.created, model=self.model,
+                                  choices=choices, usage=usage).model_dump()
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: Any = None) -> bytes:
+        return sse({"id": self.id, "object": "text_completion", "created": self.created,
+                    "model": self.model, "choices": choices,
+                    "usage": usage.model_dump() if usage is not None else None})
+
+    async def events(self, outputs: AsyncIterator[dict[str, Any] | APIError]
+                     ) -> AsyncGenerator[bytes, None]:
+        metas: dict[int, dict[str, Any]] = {}
+        builders: dict[int, CompletionLogprobsBuilder] = {}
+        num_sent: dict[int, int] = {}  # output logprobs sent, per index
+        try:
+            async for out in outputs:
+                if isinstance(out, APIError):
+                    yield sse_error(out)
+                    break
+                index, meta = out["index"], out["meta_info"]
+                first_seen = index not in metas
+                metas[index] = meta
+                text = out["delta"]
+                prompt_text, prompt_ids = self._prompt_of(index)
+                if first_seen and self.req.echo:
+                    text = prompt_text + text
+                logprobs = None
+                if self.want_logprobs:
+                    builder = builders.setdefault(index, CompletionLogprobsBuilder(self.tokenizer))
+                    head = (builder.prompt(prompt_ids, meta) if first_seen and self.req.echo
+                            else CompletionLogprobs())
+                    logprobs = merge_logprobs(head, builder.output(meta, num_sent.get(index, 0)))
+                    num_sent[index] = num_output_logprobs(meta)
+                finish, matched = finish_fields(meta)
+                if not text and not (logprobs and logprobs.tokens) and finish is None:
+                    continue
+                yield self._chunk([CompletionChoice(
+                    index=index, text=text, logprobs=logprobs, finish_reason=finish,
+                    matched_stop=matched).model_dump()])
+            else:
+                if self.req.include_usage:
+                    yield self._chunk([], make_usage(metas, self.req.n))
+            yield SSE_DONE
+        finally:
+            await aclose(outputs)

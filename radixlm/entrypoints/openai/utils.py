@@ -1,0 +1,133 @@
+"""Translation helpers from the runtime's outputs to OpenAI fields.
+
+A runtime output is the TokenizerManager's dict: `index` (prompt-major:
+prompt i, sample j of n is i * n + j, which is also OpenAI's choice index),
+`text`, `delta`, `output_ids`, `meta_info` (see TokenizerManager.generate).
+Logprob entries are `[logprob, token_id, token_text]` (logprob None for a
+prompt's first token).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from radixlm.entrypoints.openai.protocol import (
+    CompletionLogprobs,
+    PromptTokensDetails,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def batch_rids(base: str | None, prefix: str, num_prompts: int) -> list[str]:
+    """One request id per prompt: the client's `rid` (suffixed for a batch) or a new one."""
+    if base is None:
+        return [new_id(prefix) for _ in range(num_prompts)]
+    return [base] if num_prompts == 1 else [f"{base}-{i}" for i in range(num_prompts)]
+
+
+def finish_fields(meta: dict[str, Any]) -> tuple[str | None, str | int | None]:
+    """(finish_reason, matched_stop): "stop" | "length" | "abort", and the stop string
+    or token id that ended the sample (None unless it stopped on one)."""
+    reason = meta.get("finish_reason")
+    if not reason:
+        return None, None
+    return reason.get("type"), reason.get("matched")
+
+
+def make_usage(metas: dict[int, dict[str, Any]], n: int) -> Usage:
+    """Usage over all choices; a prompt (and its cached part) counts once, not n times."""
+    firsts = [m for i, m in metas.items() if i % n == 0]
+    prompt = sum(int(m.get("prompt_tokens", 0)) for m in firsts)
+    cached = sum(int(m.get("cached_tokens", 0)) for m in firsts)
+    completion = sum(int(m.get("completion_tokens", 0)) for m in metas.values())
+    return Usage(prompt_tokens=prompt, completion_tokens=completion,
+                 total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def _text(entry: list[Any] | None, tokenizer: Any) -> str:
+    if entry is None:
+        return ""
+    if len(entry) > 2 and entry[2] is not None:
+        return str(entry[2])
+    return str(tokenizer.decode([entry[1]]))
+
+
+def _top_dict(tops: list[Any] | None, tokenizer: Any) -> dict[str, float]:
+    return {_text(e, tokenizer): e[0] for e in tops or [] if e is not None}
+
+
+class CompletionLogprobsBuilder:
+    """Completions `logprobs`, built piece by piece (a stream sends each piece once)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.offset = 0  # characters of text already covered
+
+    def prompt(self, prompt_ids: list[int], meta: dict[str, Any]) -> CompletionLogprobs:
+        """Echoed prompt tokens: logprob None for the first (nothing precedes it)."""
+        tokens = [self.tokenizer.decode([t]) for t in prompt_ids]
+        lps = list(meta.get("input_token_logprobs") or [])
+        tops = list(meta.get("input_top_logprobs") or [])
+        skip = len(prompt_ids) - len(lps)  # positions before logprob_start_len
+        out = CompletionLogprobs()
+        for i, tok in enumerate(tokens):
+            entry = lps[i - skip] if i >= skip else None
+            top = tops[i - skip] if 0 <= i - skip < len(tops) else None
+            self._add(out, tok, entry[0] if entry else None,
+                      _top_dict(top, self.tokenizer) if top else None)
+        return out
+
+    def output(self, meta: dict[str, Any], start: int = 0) -> CompletionLogprobs:
+        """Output tokens from position `start` on."""
+        lps = list(meta.get("output_token_logprobs") or [])[start:]
+        tops = list(meta.get("output_top_logprobs") or [])[start:]
+        out = CompletionLogprobs()
+        for i, entry in enumerate(lps):
+            top = tops[i] if i < len(tops) else None
+            self._add(out, _text(entry, self.tokenizer), entry[0] if entry else None,
+                      _top_dict(top, self.tokenizer))
+        return out
+
+    def _add(self, out: CompletionLogprobs, token: str, logprob: float | None,
+             top: dict[str, float] | None) -> None:
+        out.tokens.append(token)
+        out.token_logprobs.append(logprob)
+        out.top_logprobs.append(top)
+        out.text_offset.append(self.offset)
+        self.offset += len(token)
+
+
+def merge_logprobs(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLogprobs:
+    return CompletionLogprobs(tokens=a.tokens + b.tokens,
+                              token_logprobs=a.token_logprobs + b.token_logprobs,
+                              top_logprobs=a.top_logprobs + b.top_logprobs,
+                              text_offset=a.text_offset + b.text_offset)
+
+
+def chat_logprobs(meta: dict[str, Any], tokenizer: Any, start: int = 0) -> list[TokenLogprob]:
+    """Chat `logprobs.content` for output tokens from position `start` on."""
+    lps = list(meta.get("output_token_logprobs") or [])[start:]
+    tops = list(meta.get("output_top_logprobs") or [])[start:]
+    content = []
+    for i, entry in enumerate(lps):
+        text = _text(entry, tokenizer)
+        top = [
+            TopLogprob(token=_text(e, tokenizer), logprob=e[0],
+                       bytes=list(_text(e, tokenizer).encode("utf-8")))
+            for e in (tops[i] if i < len(tops) else None) or [] if e is not None
+        ]
+        content.append(TokenLogprob(token=text, logprob=entry[0] if entry else None,
+                                    bytes=list(text.encode("utf-8")), top_logprobs=top))
+    return content
+
+
+def num_output_logprobs(meta: dict[str, Any]) -> int:
+    return len(meta.get("output_token_logprobs") or [])

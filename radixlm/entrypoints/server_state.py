@@ -1,0 +1,150 @@
+"""What the HTTP routes share: the runtime once it is up, and the server's health.
+
+Life of a server:
+    loading ──ready──> serving ──SIGTERM──> draining ──> stopped (exit 0)
+       │                  │
+       └──── a child dies / start-up fails ──> fatal (exit 1)
+
+`/health` is 200 only while serving. A route that needs the engine calls
+`engine()`, which raises a 503 in every other state. The runtime is started by
+a `RuntimeStarter` (the real one launches the scheduler and detokenizer
+processes; tests pass a fake), in the background, so the port answers 503
+while the model loads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from radixlm.chat_template import ChatTemplate, load_chat_template, resolve_chat_template
+from radixlm.entrypoints.openai.errors import APIError
+from radixlm.metrics import Metrics
+from radixlm.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+class Runtime(Protocol):
+    """A started engine: its TokenizerManager, and how to stop it."""
+
+    tokenizer_manager: Any
+
+    async def shutdown(self) -> None: ...
+
+
+RuntimeStarter = Callable[[ServerArgs], Awaitable[Runtime]]
+
+
+class ServerState:
+    def __init__(self, args: ServerArgs, start_runtime: RuntimeStarter) -> None:
+        self.args = args
+        self.model_name = args.model_name
+        self.start_runtime = start_runtime
+        self.chosen_template = load_chat_template(args.chat_template)  # ValueError: bad flag
+        self.chat_template: ChatTemplate | None = None
+        self.metrics = Metrics(self.model_name) if args.enable_metrics else None
+        self.runtime: Runtime | None = None
+        self.tm: Any = None
+        self.ready = False
+        self.draining = False
+        self.fatal_reason: str | None = None
+        self.on_fatal: Callable[[], None] | None = None  # the launcher stops the server
+        self._task: asyncio.Task | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.fatal_reason else 0
+
+    # ------------------------------------------------------------------ lifetime
+
+    def start(self) -> None:
+        """Start the runtime in the background (call from the running loop)."""
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            self.runtime = await self.start_runtime(self.args)
+        except Exception as e:  # noqa: BLE001 - any start-up failure is fatal
+            if not isinstance(e, FileNotFoundError | ValueError):  # else the message says it all
+                logger.exception("The engine failed to start")
+            self._fail(f"The engine failed to start: {e}")
+            return
+        self.tm = self.runtime.tokenizer_manager
+        self.chat_template = resolve_chat_template(self.chosen_template, self.tm.tokenizer)
+        if self.metrics is not None:
+            self.tm.on_sample_finished = self.metrics.on_sample_finished
+        self.ready = True
+        a = self.args
+        logger.info("radixlm is ready: serving %s at http://%s:%d (chat template: %s)",
+                    self.model_name, a.host, a.port, self.chat_template.name)
+        while not self.draining:  # watch for a child process dying
+            if self.tm.dead_reason:
+                self._fail(self.tm.dead_reason)
+                return
+            await asyncio.sleep(0.25)
+
+    def _fail(self, reason: str) -> None:
+        if self.fatal_reason is None and not self.draining:
+            logger.error("Server is unhealthy and will exit: %s", reason)
+            self.fatal_reason = reason
+            if self.on_fatal is not None:
+                self.on_fatal()
+
+    def begin_drain(self) -> None:
+        """On SIGTERM: refuse new requests and abort the running ones (they end with
+        finish_reason "abort", so their responses complete before the server stops)."""
+        if self.draining:
+            return
+        self.draining = True
+        logger.info("Shutting down: aborting running requests")
+        if self.tm is not None and not self.tm.dead_reason:
+            self.tm.abort_request(abort_all=True)
+
+    async def stop(self) -> None:
+        """Stop the runtime (and its child processes)."""
+        self.draining = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        if self.runtime is not None:
+            await self.runtime.shutdown()
+            self.runtime = None
+
+    # ------------------------------------------------------------------ health
+
+    def unhealthy_reason(self) -> str | None:
+        """None while serving; otherwise why not."""
+        if self.fatal_reason:
+            return self.fatal_reason
+        if self.draining:
+            return "The server is shutting down"
+        if not self.ready:
+            return "The model is loading"
+        if self.tm.dead_reason:
+            return str(self.tm.dead_reason)
+        return None
+
+    def is_stuck(self) -> bool:
+        """True when requests are pending and the scheduler has sent nothing for longer
+        than --watchdog-timeout."""
+        tm = self.tm
+        if tm is None or not tm.states:
+            return False
+        return time.monotonic() - tm.last_receive_time > self.args.watchdog_timeout
+
+    def engine(self) -> Any:
+        """The TokenizerManager; raise a 503 unless serving."""
+        reason = self.unhealthy_reason()
+        if reason is not None:
+            raise APIError(reason, 503)
+        return self.tm
+
+    @property
+    def context_length(self) -> int:
+        return int(self.tm.model_info.get("context_length") or 0) if self.tm else 0

@@ -1,0 +1,1 @@
+"""Model building blocks: linear layers, norms, RoPE, embeddings, attention backends."""

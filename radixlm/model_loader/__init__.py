@@ -1,0 +1,1 @@
+"""Finding, converting (GGUF) and loading model weights."""

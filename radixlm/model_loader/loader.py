@@ -1,0 +1,86 @@
+"""Build a model from a Hugging Face folder (or a GGUF file, converted once and cached).
+
+The folder holds config.json and the weights as `*.safetensors` (one file, or
+shards listed by `model.safetensors.index.json`); `pytorch_model*.bin` is read
+when there are no safetensors. The model is built with uninitialized
+parameters on the target device, then `model.load_weights()` copies each
+checkpoint tensor into place by its Hugging Face name.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from radixlm.model_loader.default_model import resolve_model_dir
+from radixlm.models.base import CausalLM
+from radixlm.models.registry import get_model_class
+
+logger = logging.getLogger(__name__)
+
+
+def _weight_files(model_dir: str) -> tuple[list[str], str]:
+    """(files, "safetensors" | "bin"); raises FileNotFoundError when there are none."""
+    for index_name, kind in (
+        ("model.safetensors.index.json", "safetensors"),
+        ("pytorch_model.bin.index.json", "bin"),
+    ):
+        index_path = os.path.join(model_dir, index_name)
+        if os.path.isfile(index_path):
+            with open(index_path) as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+            return [os.path.join(model_dir, s) for s in shards], kind
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if files:
+        return files, "safetensors"
+    files = sorted(glob.glob(os.path.join(model_dir, "pytorch_model*.bin")))
+    if files:
+        return files, "bin"
+    raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin weights in {model_dir}")
+
+
+def iterate_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (Hugging Face name, CPU tensor) for every tensor of the checkpoint in model_dir."""
+    files, kind = _weight_files(model_dir)
+    for path in files:
+        if kind == "safetensors":
+            from safetensors import safe_open
+
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    yield name, f.get_tensor(name)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            yield from state.items()
+
+
+def load_model(model_path: str, dtype: torch.dtype, device: str) -> tuple[CausalLM, Any]:
+    """(model in eval mode, its transformers config) for a Hugging Face folder or a GGUF file.
+
+    The model class is picked by `config.architectures` (see models/registry.py).
+    """
+    from transformers import AutoConfig
+
+    start = time.perf_counter()
+    model_dir = resolve_model_dir(model_path)
+    config = AutoConfig.from_pretrained(model_dir)
+    model_cls = get_model_class(config)
+    with torch.device(device):
+        model = model_cls(config, dtype)
+    model.load_weights(iterate_weights(model_dir))
+    model.eval()
+    logger.info(
+        "loaded %s (%s, %s) in %.2f s",
+        model_dir,
+        model_cls.__name__,
+        dtype,
+        time.perf_counter() - start,
+    )
+    return model, config

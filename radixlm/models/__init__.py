@@ -1,0 +1,1 @@
+"""Model definitions that keep Hugging Face weight names, and the architecture registry."""

@@ -1,0 +1,208 @@
+"""A fake runtime for the HTTP layer's unit tests: no model, no child processes.
+
+`FakeTokenizerManager` has the TokenizerManager's interface. Its tokenizer is a
+real Hugging Face tokenizer built in memory (one token per byte, chatml
+template), so templates, encode and decode behave as with a real model. A
+sample "generates" the bytes of `REPLY` cycled, one token per `delay` seconds,
+honouring max_new_tokens, stop strings, logprobs and aborts; validation is the
+runtime's own (`validate_request`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from radixlm.managers.io_struct import FlushCacheOut
+from radixlm.managers.request_input import GenerateReqInput
+from radixlm.managers.tokenizer_manager import EngineDeadError
+from radixlm.managers.validation import validate_request
+from radixlm.server_args import ServerArgs
+
+REPLY = "Hello world.\nThe end."
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def byte_tokenizer() -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    for s in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
+        vocab[s] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                 bos_token="<|im_start|>", unk_token="<|endoftext|>")
+    hf.chat_template = CHATML
+    return hf
+
+
+@dataclass
+class _Sample:
+    rid: str
+    aborted: bool = False
+
+
+class FakeTokenizerManager:
+    def __init__(self, tokenizer: Any, context_length: int = 256, delay: float = 0.0) -> None:
+        self.tokenizer = tokenizer
+        self.model_dir = "/fake/model"
+        self.model_info = {"context_length": context_length, "vocab_size": len(tokenizer),
+                           "max_total_num_tokens": 4096, "eos_token_ids": [258],
+                           "architectures": ["FakeForCausalLM"]}
+        self.delay = delay
+        self.states: dict[str, _Sample] = {}
+        self.dead_reason: str | None = None
+        self.last_receive_time = time.monotonic()
+        self.on_sample_finished: Any = None
+        self.cached: set[tuple[int, ...]] = set()
+        self.num_generated = 0
+        self.closed = False
+
+    async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+        if self.dead_reason:
+            raise EngineDeadError(self.dead_reason)
+        singles = obj.normalize()
+        prepared = []
+        for s in singles:
+            ids = s.input_ids if s.input_ids is not None else self.tokenizer.encode(s.text)
+            prepared.append((s, ids, validate_request(
+                s, ids, self.model_info["vocab_size"], self.model_info["context_length"])))
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks, rids = [], []
+        base = 0
+        for single, ids, params in prepared:
+            for i in range(params.n):
+                rid = single.rid if params.n == 1 else f"{single.rid}#{i}"
+                self.states[rid] = _Sample(rid)
+                rids.append(rid)
+                tasks.append(asyncio.create_task(
+                    self._run(rid, base + i, single, ids, params, queue)))
+            base += params.n
+        try:
+            remaining = len(tasks)
+            while remaining:
+                out = await queue.get()
+                if isinstance(out, Exception):
+                    raise out
+                done = out["meta_info"]["finish_reason"] is not None
+                remaining -= done
+                if obj.stream or done:
+                    yield out
+        finally:
+            for t in tasks:
+                t.cancel()
+            for rid in rids:
+                self.states.pop(rid, None)
+
+    async def _run(self, rid: str, index: int, single: Any, ids: list[int], params: Any,
+                   queue: asyncio.Queue) -> None:
+        created = time.monotonic()
+        cached = len(ids) - 1 if tuple(ids) in self.cached else 0
+        self.cached.add(tuple(ids))
+        reply_ids = self.tokenizer.encode(REPLY)
+        out_ids: list[int] = []
+        text = ""
+        meta: dict[str, Any] = {"id": rid, "prompt_tokens": len(ids), "cached_tokens": cached}
+        if single.return_logprob:
+            meta["output_token_logprobs"], meta["output_top_logprobs"] = [], []
+            if single.logprob_start_len >= 0:
+                start = single.logprob_start_len
+                meta["input_token_logprobs"] = [
+                    None if p == 0 else [-1.0, t, self.tokenizer.decode([t])]
+                    for p, t in enumerate(ids[start:], start)]
+                meta["input_top_logprobs"] = [
+                    None if p == 0 else self._tops(t, single.top_logprobs_num)
+                    for p, t in enumerate(ids[start:], start)]
+        first_token_time = None
+        finish: dict[str, Any] | None = None
+        while finish is None:
+            sample = self.states.get(rid)
+            if sample is None or sample.aborted:
+                finish = {"type": "abort", "matched": None, "message": "Aborted by request"}
+                delta = ""
+            elif len(out_ids) >= params.max_new_tokens:
+                finish = {"type": "length", "matched": None}
+                delta = ""
+            else:
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                tok = reply_ids[len(out_ids) % len(reply_ids)]
+                out_ids.append(tok)
+                self.num_generated += 1
+                first_token_time = first_token_time or time.monotonic()
+                piece = self.tokenizer.decode([tok])
+                delta = piece
+                if single.return_logprob:
+                    meta["output_token_logprobs"].append([-0.5, tok, piece])
+                    meta["output_top_logprobs"].append(self._tops(tok, single.top_logprobs_num))
+                matched = next((s for s in params.stop if (text + piece).endswith(s)), None)
+                if matched is not None:
+                    finish = {"type": "stop", "matched": matched}
+                    delta = piece[: len(piece) - len(matched)] if len(matched) <= len(piece) else ""
+            text += delta
+            self.last_receive_time = time.monotonic()
+            meta.update(completion_tokens=len(out_ids), finish_reason=finish,
+                        e2e_latency=time.monotonic() - created)
+            out = {"index": index, "text": text, "delta": delta, "output_ids": list(out_ids),
+                   "meta_info": dict(meta), "first_token_time": first_token_time,
+                   "created": created}
+            if finish is not None and self.on_sample_finished is not None:
+                self.on_sample_finished(out)
+            await queue.put(out)
+            await asyncio.sleep(0)
+
+    def _tops(self, tok: int, num: int) -> list[list[Any]]:
+        ids = [tok] + [t for t in (65, 66, 67, 68, 69) if t != tok]
+        return [[-0.5 - i, t, self.tokenizer.decode([t])] for i, t in enumerate(ids[:num])]
+
+    def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
+        for key, sample in self.states.items():
+            if abort_all or key == rid:
+                sample.aborted = True
+
+    async def get_server_info(self) -> dict[str, Any]:
+        return {"num_free_tokens": 4096, "num_used_tokens": 0, "max_total_num_tokens": 4096,
+                "num_running_reqs": len(self.states), "num_waiting_reqs": 0,
+                "kv_integrity": "ok", "num_prompt_tokens_total": 10,
+                "num_cached_prompt_tokens_total": 4,
+                "num_generation_tokens_total": self.num_generated}
+
+    async def flush_cache(self) -> FlushCacheOut:
+        if self.states:
+            return FlushCacheOut(False, "Requests are running")
+        self.cached.clear()
+        return FlushCacheOut(True)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeRuntime:
+    def __init__(self, tm: FakeTokenizerManager) -> None:
+        self.tokenizer_manager = tm
+        self.stopped = False
+
+    async def shutdown(self) -> None:
+        self.tokenizer_manager.close()
+        self.stopped = True
+
+
+def fake_starter(tm: FakeTokenizerManager, ready: asyncio.Event | None = None) -> Any:
+    async def start(_: ServerArgs) -> FakeRuntime:
+        if ready is not None:
+            await ready.wait()
+        return FakeRuntime(tm)
+
+    return start
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
