@@ -39,22 +39,27 @@ class DetokenizerManager:
         self.reqs: dict[str, _ReqText] = {}
 
     def handle(self, batch: BatchTokenIDOut) -> BatchStrOut:
-        return BatchStrOut([self._one(out) for out in batch.outs])
-
-    def _one(self, out: TokenOut) -> StrOut:
-        entry = self.reqs.get(out.rid)
-        if entry is None:
-            entry = self.reqs[out.rid] = _ReqText(DecodeState())
-        entry.text += self.detok.step(
-            entry.state,
-            out.new_token_ids,
-            skip_special_tokens=out.skip_special_tokens,
-            spaces_between_special_tokens=out.spaces_between_special_tokens,
+        """Decode every request of the batch at once (one batch_decode per flag set)."""
+        entries = []
+        for out in batch.outs:
+            entry = self.reqs.get(out.rid)
+            if entry is None:
+                entry = self.reqs[out.rid] = _ReqText(DecodeState())
+            entries.append(entry)
+        pieces = self.detok.step_batch(
+            [e.state for e in entries],
+            [out.new_token_ids for out in batch.outs],
+            [out.skip_special_tokens for out in batch.outs],
+            [out.spaces_between_special_tokens for out in batch.outs],
+            finished=[out.finished_reason is not None for out in batch.outs],
         )
+        return BatchStrOut([self._emit(out, e, p) for out, e, p in zip(batch.outs, entries, pieces)])
+
+    def _emit(self, out: TokenOut, entry: _ReqText, piece: str) -> StrOut:
+        entry.text += piece
         if out.finished_reason is None:
             end = safe_stream_len(entry.text, out.stop)
         else:
-            entry.text += self.detok.flush(entry.state)
             matched = out.finished_reason.matched
             if isinstance(matched, str) and not out.no_stop_trim:
                 entry.text = trim_at_stop(entry.text, matched)
