@@ -47,6 +47,8 @@ class ServerArgs:
                                             "and relies on retraction.")
     disable_radix_cache: bool = _opt(False, "Disable prefix sharing (a cache with no reuse).")
     stream_interval: int = _opt(1, "Send streamed tokens every N decode steps.")
+    disable_cpu_prepack: bool = _opt(False, "Use F.linear instead of oneDNN-packed weights "
+                                     "on the CPU.")
     num_threads: int | None = _opt(None, "torch threads in the scheduler (default: all cores).")
     random_seed: int = _opt(0, "Seed for requests that give none.")
 

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.layers.cpu_gemm import can_pack, pack_weight, packed_linear
+
 WeightLoader = Callable[..., None]
 
 
@@ -83,11 +85,29 @@ class _LinearBase(nn.Module):
                 output_size_per_partition, dtype=params_dtype, loader=self.weight_loader
             )
 
+        self._packed: torch.Tensor | None = None  # oneDNN weight after prepack()
+
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, *args: Any) -> None:
         raise NotImplementedError
 
+    def prepack(self) -> bool:
+        """Replace the dense weight with a oneDNN-packed one (CPU float32; after loading).
+
+        NOTE: the dense weight is released, so weights cannot be reloaded afterwards.
+        """
+        if self._packed is not None or not can_pack(self.weight):
+            return False
+        self._packed = pack_weight(self.weight)
+        self.weight.data = torch.empty(0, dtype=self.weight.dtype)
+        return True
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self._packed is not None and x.dim() == 2:
+            return packed_linear(x, self._packed, bias)  # [T, output_size_per_partition]
+        return F.linear(x, self.weight, bias)  # [T, output_size_per_partition]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)  # [T, output_size_per_partition]
+        return self._matmul(x, self.bias)  # [T, output_size_per_partition]
 
 
 class ColumnParallelLinear(_LinearBase):
@@ -215,8 +235,8 @@ class RowParallelLinear(_LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)  # [T, output_size]
-        out = F.linear(x, self.weight)  # [T, output_size], this rank's partial sum
+            return self._matmul(x, self.bias)  # [T, output_size]
+        out = self._matmul(x, None)  # [T, output_size], this rank's partial sum
         if self.reduce_results:
             torch.distributed.all_reduce(out)
         return out if self.bias is None else out + self.bias

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.layers.cpu_gemm import can_pack, pack_weight, packed_linear
 from radixlm.layers.linear import default_weight_loader
 
 
@@ -71,6 +72,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(num_embeddings, embedding_dim, params_dtype, tp_rank, tp_size)
         self._weight_t: torch.Tensor | None = None  # [embedding_dim, per_partition], CPU only
         self._weight_t_key: tuple[int, int] | None = None
+        self._packed: torch.Tensor | None = None  # oneDNN copy after prepack()
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         """Use the embedding table as this head's weight (one tensor for both)."""
@@ -88,9 +90,22 @@ class ParallelLMHead(VocabParallelEmbedding):
             self._weight_t_key = key
         return self._weight_t
 
+    def prepack(self) -> bool:
+        """Keep a oneDNN-packed copy of the (possibly tied) weight for compute_logits.
+
+        The dense weight stays: a tied embedding still looks rows up in it.
+        """
+        if self._packed is not None or not can_pack(self.weight):
+            return False
+        self._packed = pack_weight(self.weight)
+        self._weight_t = None
+        return True
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, embedding_dim] → float32 logits [M, num_embeddings]."""
-        if hidden.device.type == "cpu":
+        if self._packed is not None:
+            logits = packed_linear(hidden, self._packed, None)  # [M, per_partition]
+        elif hidden.device.type == "cpu":
             logits = hidden @ self._transposed_weight()  # [M, per_partition]
         else:
             logits = F.linear(hidden, self.weight)  # [M, per_partition]

@@ -15,6 +15,7 @@ import os
 import torch
 
 from radixlm.layers.attention import create_attention_backend
+from radixlm.layers.cpu_gemm import prepack_model
 from radixlm.managers.io_struct import LogprobEntry
 from radixlm.managers.schedule_batch import ForwardResult, InputLogprobs, StepPlan
 from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
@@ -47,6 +48,9 @@ class ModelRunner:
             torch.set_num_threads(args.num_threads or os.cpu_count() or 1)
         self.dtype = getattr(torch, args.torch_dtype_name)
         self.model, self.config = load_model(model_dir, self.dtype, self.device)
+        if self.device == "cpu" and not args.disable_cpu_prepack:
+            num_packed = prepack_model(self.model)
+            logger.info("Packed %d weight matrices for oneDNN", num_packed)
         text_config = getattr(self.config, "text_config", None) or self.config
         self.vocab_size = int(text_config.vocab_size)
         self.context_len = int(args.context_length or text_config.max_position_embeddings)
