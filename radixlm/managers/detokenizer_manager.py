@@ -78,9 +78,9 @@ def run_detokenizer_process(server_args: Any, model_dir: str, ports: PortArgs) -
     send = ctx.socket(zmq.PUSH)
     send.connect(ports.tokenizer_input)
     try:
-        from radixlm.tokenizer_utils import load_tokenizer
+        from radixlm.tokenizer_utils import load_decode_tokenizer
 
-        manager = DetokenizerManager(load_tokenizer(server_args.tokenizer_path or model_dir))
+        manager = DetokenizerManager(load_decode_tokenizer(server_args.tokenizer_path or model_dir))
         poller = zmq.Poller()
         poller.register(recv, zmq.POLLIN)
         parent = os.getppid()

@@ -53,9 +53,9 @@ def run_scheduler_process(server_args: Any, model_dir: str, ports: PortArgs) -> 
 def _build_scheduler(server_args: Any, model_dir: str) -> Any:
     from radixlm.managers.scheduler import Scheduler
     from radixlm.model_executor.model_runner import ModelRunner
-    from radixlm.tokenizer_utils import load_tokenizer
+    from radixlm.tokenizer_utils import load_decode_tokenizer
 
-    tokenizer = load_tokenizer(server_args.tokenizer_path or model_dir)
+    tokenizer = load_decode_tokenizer(server_args.tokenizer_path or model_dir)
     runner = ModelRunner(server_args, model_dir)
     if tokenizer.eos_token_id is not None:
         runner.eos_token_ids.add(int(tokenizer.eos_token_id))
