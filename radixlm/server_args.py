@@ -50,7 +50,7 @@ class ServerArgs:
     disable_cpu_prepack: bool = _opt(False, "Use F.linear instead of oneDNN-packed weights "
                                      "on the CPU.")
     num_threads: int | None = _opt(None, "torch threads in the scheduler (default: all cores).")
-    random_seed: int = _opt(0, "Seed for requests that give none.")
+    random_seed: int = _opt(0, "Seed of the sampling RNG shared by requests that give no seed.")
 
     # Service
     host: str = _opt("127.0.0.1", "Address to bind.")

@@ -55,6 +55,9 @@ def _build_scheduler(server_args: Any, model_dir: str) -> Any:
     from radixlm.model_executor.model_runner import ModelRunner
     from radixlm.tokenizer_utils import load_decode_tokenizer
 
+    import torch
+
+    torch.manual_seed(server_args.random_seed)  # the RNG of requests that give no seed
     tokenizer = load_decode_tokenizer(server_args.tokenizer_path or model_dir)
     runner = ModelRunner(server_args, model_dir)
     if tokenizer.eos_token_id is not None:
