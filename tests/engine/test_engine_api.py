@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -20,6 +21,25 @@ def engine():
         yield eng
         info = eng.get_server_info()
         assert info["kv_integrity"] == "ok"
+
+
+@pytest.fixture(autouse=True)
+def kv_is_clean_after_each_test(engine: Engine):
+    yield
+    info = engine.get_server_info()
+    assert info["kv_integrity"] == "ok"
+    assert info["num_used_tokens"] == 0 and info["num_running_reqs"] == 0
+
+
+def test_async_generate_and_stream(engine: Engine) -> None:
+    async def run() -> tuple[dict, list[dict]]:
+        full = await engine.async_generate(PROMPT, GREEDY)
+        stream = await engine.async_generate(PROMPT, GREEDY, stream=True)
+        return full, [chunk async for chunk in stream]
+
+    full, chunks = asyncio.run(run())
+    assert "".join(c["delta"] for c in chunks) == full["text"]
+    assert full["meta_info"]["completion_tokens"] == GREEDY["max_new_tokens"]
 
 
 def test_stream_pieces_join_to_full_text(engine: Engine) -> None:
