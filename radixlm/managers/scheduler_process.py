@@ -51,11 +51,11 @@ def run_scheduler_process(server_args: Any, model_dir: str, ports: PortArgs) -> 
 
 
 def _build_scheduler(server_args: Any, model_dir: str) -> Any:
+    import torch
+
     from radixlm.managers.scheduler import Scheduler
     from radixlm.model_executor.model_runner import ModelRunner
     from radixlm.tokenizer_utils import load_decode_tokenizer
-
-    import torch
 
     torch.manual_seed(server_args.random_seed)  # the RNG of requests that give no seed
     tokenizer = load_decode_tokenizer(server_args.tokenizer_path or model_dir)
