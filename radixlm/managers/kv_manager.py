@@ -104,9 +104,6 @@ class KVManager:
         req.req_pool_idx = None
         req.last_node = None
 
-    def free_unused(self, slots: torch.Tensor) -> None:
-        self.kv_pool.free(slots)
-
     # ------------------------------------------------------------------ checks
 
     def check_integrity(self, running: Iterable[Req]) -> None:

@@ -9,7 +9,7 @@ into `n` samples later, in the TokenizerManager.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -37,7 +37,6 @@ class GenerateReqInput:
     top_logprobs_num: int | list[int] | None = None
     stream: bool = False
     return_text_in_logprobs: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_batch(self) -> bool:

@@ -11,7 +11,7 @@ a chunk, a resumed request by everything it lost when it was retracted.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -148,9 +148,6 @@ class StepPlan:
 
     items: list[ScheduledReq]
     out_cache_loc: torch.Tensor  # [sum(extend_len)] int64, slots already written to req_to_token
-    num_decodes: int = 0
-    num_prefill_tokens: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

@@ -180,8 +180,7 @@ class Scheduler:
             part = allocated[offset : offset + it.extend_len]
             self.kv.assign_slots(it.req, it.prefix_len, part)
             offset += it.extend_len
-        num_decodes = sum(1 for it in items if it.extend_len == 1)
-        return StepPlan(items, allocated, num_decodes, num_tokens - num_decodes)
+        return StepPlan(items, allocated)
 
     def _plan_item(self, req: Req, extend_len: int) -> ScheduledReq:
         prefix_len = req.kv_len

@@ -18,10 +18,9 @@ from radixlm.layers.attention import create_attention_backend
 from radixlm.layers.cpu_gemm import prepack_model
 from radixlm.managers.io_struct import LogprobEntry
 from radixlm.managers.schedule_batch import ForwardResult, InputLogprobs, StepPlan
+from radixlm.mem_cache import create_prefix_cache
 from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
-from radixlm.mem_cache.chunk_cache import ChunkCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
-from radixlm.mem_cache.radix_cache import RadixCache
 from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.model_loader.loader import load_model
 from radixlm.sampling.sampler import SamplingBatchInfo, compute_logprobs, sample
@@ -75,11 +74,9 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             self.args.max_running_requests + 1, self.context_len + 8, self.device
         )
-        self.prefix_cache: BasePrefixCache
-        if self.args.disable_radix_cache:
-            self.prefix_cache = ChunkCache(self.token_to_kv_pool)
-        else:
-            self.prefix_cache = RadixCache(self.token_to_kv_pool)
+        self.prefix_cache: BasePrefixCache = create_prefix_cache(
+            self.token_to_kv_pool, self.args.disable_radix_cache
+        )
         logger.info("KV pool: %d tokens (%d layers, %d kv heads, head dim %d)",
                     num_tokens, num_layers, num_kv_heads, head_dim)
 
