@@ -52,6 +52,20 @@ class ServerArgs:
     num_threads: int | None = _opt(None, "torch threads in the scheduler (default: all cores).")
     random_seed: int = _opt(0, "Seed of the sampling RNG shared by requests that give no seed.")
 
+    # Constrained decoding
+    grammar_backend: str = _opt("xgrammar", "Grammar library for regex / json_schema / ebnf / "
+                                "structural_tag requests; none rejects them.",
+                                choices=["xgrammar", "outlines", "llguidance", "none"])
+    constrained_json_whitespace_pattern: str | None = _opt(
+        None, "Regex for the whitespace allowed between JSON tokens (outlines, llguidance); "
+        "default: bounded whitespace.")
+    constrained_json_disable_any_whitespace: bool = _opt(
+        False, "Generate compact JSON with no whitespace between tokens.")
+    disable_jump_forward: bool = _opt(False, "Sample every token, even where the grammar "
+                                      "forces the text ahead.")
+    grammar_compile_timeout: float = _opt(60.0, "Seconds a grammar may take to compile "
+                                          "before its request fails.")
+
     # Service
     host: str = _opt("127.0.0.1", "Address to bind.")
     port: int = _opt(30000, "Port to bind.")
@@ -70,6 +84,8 @@ class ServerArgs:
             raise ValueError("--max-running-requests must be at least 1")
         if self.stream_interval < 1:
             raise ValueError("--stream-interval must be at least 1")
+        if self.grammar_compile_timeout <= 0:
+            raise ValueError("--grammar-compile-timeout must be positive")
         if self.max_total_tokens is not None and self.max_total_tokens < 2:
             raise ValueError("--max-total-tokens must be at least 2")
 

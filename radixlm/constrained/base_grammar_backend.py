@@ -20,7 +20,9 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
-GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "structural_tag")
+from radixlm.sampling.sampling_params import GRAMMAR_PARAMS
+
+GRAMMAR_KINDS = GRAMMAR_PARAMS
 
 
 class GrammarError(ValueError):

@@ -27,6 +27,7 @@ from radixlm.constrained.base_grammar_backend import (
     BaseGrammarObject,
     GrammarError,
 )
+from radixlm.sampling.sampling_params import GRAMMAR_BACKEND_KINDS
 
 # NOTE: bounded on purpose: at most one space between JSON tokens by default.
 DEFAULT_JSON_WHITESPACE = r"[ ]?"
@@ -166,7 +167,7 @@ def _bit(position: int) -> int:
 
 class OutlinesBackend(BaseGrammarBackend):
     name = "outlines"
-    supported_kinds = ("regex", "json_schema")
+    supported_kinds = GRAMMAR_BACKEND_KINDS["outlines"]
 
     def __init__(
         self, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int], **options: Any

@@ -128,6 +128,7 @@ class TokenizerManager:
         params = validate_request(
             single, input_ids, self.model_info.get("vocab_size", len(self.tokenizer)),
             self.model_info.get("context_length", 1 << 30),
+            self.args.grammar_backend,
         )
         return input_ids, params
 

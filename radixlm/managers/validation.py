@@ -13,9 +13,17 @@ MAX_TOP_LOGPROBS = 100
 
 
 def validate_request(
-    single: SingleReq, input_ids: list[int], vocab_size: int, context_len: int
+    single: SingleReq,
+    input_ids: list[int],
+    vocab_size: int,
+    context_len: int,
+    grammar_backend: str = "xgrammar",
 ) -> SamplingParams:
-    """Return the request's checked SamplingParams, or raise ValueError."""
+    """Return the request's checked SamplingParams, or raise ValueError.
+
+    A grammar is only checked for kind here; whether it compiles is known in the
+    scheduler, which ends a request with a bad grammar with an HTTP 400.
+    """
     if not input_ids:
         raise ValueError("The prompt is empty")
     bad = next((t for t in input_ids if not 0 <= t < vocab_size), None)
@@ -23,6 +31,7 @@ def validate_request(
         raise ValueError(f"Token id {bad} is outside the vocabulary (size {vocab_size})")
     params = SamplingParams.from_dict(single.sampling_params)
     params.verify(vocab_size)
+    params.verify_grammar(grammar_backend)
     if len(input_ids) >= context_len:
         raise ValueError(
             f"The prompt has {len(input_ids)} tokens, more than the model's context length "

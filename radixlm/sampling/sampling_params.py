@@ -7,8 +7,20 @@ which the service turns into an HTTP 400.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+# Constraint kinds, in the order the "only one" error names them.
+GRAMMAR_PARAMS = ("regex", "json_schema", "ebnf", "structural_tag")
+# What each --grammar-backend can compile; kept here so that validation needs no grammar
+# library (importing xgrammar takes seconds).
+GRAMMAR_BACKEND_KINDS: dict[str, tuple[str, ...]] = {
+    "xgrammar": GRAMMAR_PARAMS,
+    "outlines": ("regex", "json_schema"),
+    "llguidance": GRAMMAR_PARAMS,
+    "none": (),
+}
 
 
 @dataclass
@@ -31,6 +43,11 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
+    # Constrained decoding: at most one of these (see `grammar`).
+    regex: str | None = None
+    json_schema: str | None = None  # a JSON schema as a JSON string
+    ebnf: str | None = None
+    structural_tag: str | None = None  # SGLang's {"structures", "triggers"} as a JSON string
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
@@ -51,6 +68,9 @@ class SamplingParams:
                 d["logit_bias"] = {int(k): float(v) for k, v in d["logit_bias"].items()}
             except (TypeError, ValueError) as e:
                 raise ValueError("logit_bias must map token ids to numbers") from e
+        for name in ("json_schema", "structural_tag"):
+            if isinstance(d.get(name), dict):  # accept the object itself, not only its text
+                d[name] = json.dumps(d[name])
         params = cls(**d)
         params._check_types()
         return params
@@ -61,12 +81,33 @@ class SamplingParams:
         return self.temperature < 1e-6 or self.top_k == 1
 
     @property
+    def grammar(self) -> tuple[str, str] | None:
+        """(kind, text) of the request's constraint, or None when unconstrained."""
+        for kind in GRAMMAR_PARAMS:
+            text = getattr(self, kind)
+            if text is not None:
+                return kind, text
+        return None
+
+    @property
     def has_penalties(self) -> bool:
         return (
             self.frequency_penalty != 0.0
             or self.presence_penalty != 0.0
             or self.repetition_penalty != 1.0
         )
+
+    def verify_grammar(self, backend: str) -> None:
+        """Check that the server's grammar backend can serve this request's constraint."""
+        grammar = self.grammar
+        if grammar is None:
+            return
+        if backend == "none":
+            raise ValueError(
+                "Grammar-constrained decoding is disabled on this server (--grammar-backend none)"
+            )
+        if grammar[0] not in GRAMMAR_BACKEND_KINDS[backend]:
+            raise ValueError(f"The {backend} grammar backend does not support {grammar[0]} grammars")
 
     def _check_types(self) -> None:
         for name, kind in (
@@ -89,6 +130,10 @@ class SamplingParams:
             isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids
         ):
             raise ValueError("stop_token_ids must be a list of integers")
+        for name in GRAMMAR_PARAMS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a string, got {type(value).__name__}")
 
     def verify(self, vocab_size: int) -> None:
         """Check ranges; raise ValueError naming the first bad field."""
@@ -129,3 +174,5 @@ class SamplingParams:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
         if any(s == "" for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if sum(getattr(self, name) is not None for name in GRAMMAR_PARAMS) > 1:
+            raise ValueError("Only one of regex, json_schema, ebnf or structural_tag can be set")
