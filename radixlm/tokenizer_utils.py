@@ -25,7 +25,8 @@ def load_tokenizer(path: str) -> Any:
 
 
 class DecodeTokenizer:
-    """The decode side of a fast tokenizer: decode, batch_decode, eos_token_id, len()."""
+    """The decode side of a fast tokenizer: decode, batch_decode, eos_token_id, len(), and
+    encode without special tokens (jump-forward retokenizes output text)."""
 
     def __init__(self, tokenizer: Any, eos_token_id: int | None) -> None:
         self._tokenizer = tokenizer  # tokenizers.Tokenizer
@@ -33,6 +34,9 @@ class DecodeTokenizer:
 
     def __len__(self) -> int:
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False, **_: Any) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))

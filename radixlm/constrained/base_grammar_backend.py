@@ -47,13 +47,19 @@ def reset_vocab_mask(mask: torch.Tensor) -> None:
     mask.fill_(-1)
 
 
-def apply_vocab_mask(logits: torch.Tensor, mask: torch.Tensor) -> None:
+def apply_vocab_mask(
+    logits: torch.Tensor, mask: torch.Tensor, rows: list[int] | None = None
+) -> None:
     """Set disallowed logits to -inf, in place, in one operation for the batch.
 
     logits: [B, V] float on any device; mask: [B, ceil(V/32)] int32 (moved to
-    the logits' device here). Tokens past 32 * mask.shape[1] are disallowed.
+    the logits' device here). rows: only these rows are masked (the
+    constrained ones); None masks every row. Tokens past 32 * mask.shape[1]
+    are disallowed.
     """
-    xgr.apply_token_bitmask_inplace(logits, mask.to(logits.device, non_blocking=True))
+    xgr.apply_token_bitmask_inplace(
+        logits, mask.to(logits.device, non_blocking=True), indices=rows
+    )
 
 
 def mask_to_bool(mask_row: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -14,8 +14,7 @@ on the compiled grammar, so the chain is computed once per state, not per step.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import outlines_core
@@ -89,20 +88,31 @@ class CompiledOutlinesGrammar:
         for _ in range(MAX_JUMP_FORWARD_TOKENS):
             if self.index.is_final_state(state):
                 break  # the grammar may end here: nothing is forced
-            candidates = [self.backend.token_bytes[t] for t in self.index.get_allowed_tokens(state)]
-            prefix = os.path.commonprefix([c or b"" for c in candidates])
+            allowed = self.index.get_allowed_tokens(state)
+            prefix = _common_prefix(self.backend.token_bytes[t] or b"" for t in allowed)
             if not prefix:
                 break
             forced += prefix
-            exact = [
-                t
-                for t in self.index.get_allowed_tokens(state)
-                if self.backend.token_bytes[t] == prefix
-            ]
-            if not exact:
+            exact = next((t for t in allowed if self.backend.token_bytes[t] == prefix), None)
+            if exact is None:
                 break
-            state = self.index.get_next_state(state, exact[0])
+            state = self.index.get_next_state(state, exact)
         return _decode_complete_utf8(forced) or None
+
+
+def _common_prefix(items: Iterable[bytes]) -> bytes:
+    """The longest common prefix, stopping as soon as it is empty (states inside free
+    text allow tens of thousands of tokens that share nothing)."""
+    prefix: bytes | None = None
+    for item in items:
+        if prefix is None:
+            prefix = item
+            continue
+        while not item.startswith(prefix):
+            prefix = prefix[:-1]
+        if not prefix:
+            return b""
+    return prefix or b""
 
 
 def _decode_complete_utf8(data: bytes) -> str:

@@ -112,6 +112,8 @@ class TokenOut:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    forward_steps: int = 0  # forward passes the request took part in
+    jump_forward_tokens: int = 0  # output tokens that jump-forward appended without sampling
     # Decoding config, repeated on every message so the detokenizer keeps no
     # config state of its own beyond the incremental decode offsets.
     skip_special_tokens: bool = True

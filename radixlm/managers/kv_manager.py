@@ -78,6 +78,19 @@ class KVManager:
         assert req.req_pool_idx is not None
         self.req_pool.req_to_token[req.req_pool_idx, start : start + len(slots)] = slots
 
+    def truncate(self, req: Req, kv_len: int) -> None:
+        """Drop the KV of req's tokens [kv_len, req.kv_len): their slots go back to the pool.
+
+        Only the request's own slots can go (kv_len >= req.cached_len): the
+        prefix cache may share the others.
+        """
+        assert req.cached_len <= kv_len <= req.kv_len, (req.cached_len, kv_len, req.kv_len)
+        if kv_len < req.kv_len:
+            assert req.req_pool_idx is not None
+            row = self.req_pool.req_to_token[req.req_pool_idx]
+            self.kv_pool.free(row[kv_len : req.kv_len].clone())
+            req.kv_len = kv_len
+
     def cache_unfinished(self, req: Req) -> None:
         """Share what `req` has computed so far with later requests."""
         if not self.shares_prefixes or req.kv_len == 0:

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from radixlm.managers.io_struct import FinishReason, LogprobEntry, TokenizedGenerateReq
 from radixlm.sampling.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixlm.constrained.base_grammar_backend import BaseGrammarObject
 
 
 class Req:
@@ -37,6 +40,10 @@ class Req:
         if tokenized.seed is not None:
             self.generator = torch.Generator().manual_seed(tokenized.seed)
 
+        # Constrained decoding: the grammar object exists once compiled (GrammarManager).
+        self.grammar_key: tuple[str, str] | None = self.sampling_params.grammar
+        self.grammar: BaseGrammarObject | None = None
+
         # Memory state (see the module docstring).
         self.req_pool_idx: int | None = None
         self.kv_len = 0
@@ -50,6 +57,8 @@ class Req:
         self.num_sent_tokens = 0
         self.num_steps_since_send = 0
         self.num_retractions = 0
+        self.num_forward_steps = 0  # forward passes this request took part in
+        self.num_jump_forward_tokens = 0  # output tokens appended by jump-forward, net
 
         # Logprobs, accumulated here and sent as deltas.
         self.output_token_logprobs: list[LogprobEntry] = []

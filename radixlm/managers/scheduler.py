@@ -12,6 +12,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from radixlm.managers.grammar_manager import GrammarManager
 from radixlm.managers.io_struct import (
     AbortReq,
     FinishReason,
@@ -20,6 +21,7 @@ from radixlm.managers.io_struct import (
     TokenizedGenerateReq,
     TokenOut,
 )
+from radixlm.managers.jump_forward import JumpForward
 from radixlm.managers.kv_manager import KVManager
 from radixlm.managers.schedule_batch import Req, ScheduledReq, StepPlan
 from radixlm.managers.schedule_policy import NewTokenRatio, order_waiting
@@ -33,7 +35,14 @@ logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, server_args: ServerArgs, runner: ModelRunner, tokenizer: Any) -> None:
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        runner: ModelRunner,
+        tokenizer: Any,
+        grammars: GrammarManager | None = None,
+    ) -> None:
+        """grammars: compiles constrained requests' grammars; None serves no grammars."""
         self.args = server_args
         self.runner = runner
         self.kv = KVManager(
@@ -44,6 +53,11 @@ class Scheduler:
         )
         self.output = OutputProcessor(server_args, tokenizer, runner.eos_token_ids,
                                       runner.context_len)
+        self.grammars = grammars
+        self.jump_forward = (
+            None if server_args.disable_jump_forward
+            else JumpForward(tokenizer, runner.context_len)
+        )
         self.waiting: list[Req] = []
         self.running: list[Req] = []  # admitted, in admission order
         self.new_token_ratio = NewTokenRatio(init=server_args.schedule_conservativeness * 0.5)
@@ -72,7 +86,27 @@ class Scheduler:
                 f"({self.kv.kv_pool.size}); raise --max-total-tokens", status_code=400)
             self.output.pending_finished.append(req)
             return
+        if req.grammar_key is not None:
+            if self.grammars is None:
+                self._fail(req, "Grammar-constrained decoding is disabled on this server")
+            else:
+                self.grammars.add(req)
+            return
         self.waiting.append(req)
+
+    def _fail(self, req: Req, message: str, status_code: int = 400) -> None:
+        """Finish a request that never ran, with an error for the user."""
+        req.finished_reason = FinishReason("abort", message=message, status_code=status_code)
+        self.output.pending_finished.append(req)
+
+    def _take_compiled_grammars(self) -> None:
+        """Constrained requests whose grammar is ready join the waiting queue."""
+        if self.grammars is None or not self.grammars.has_pending:
+            return
+        polled = self.grammars.poll()
+        self.waiting.extend(polled.ready)
+        for req, message in polled.failed:
+            self._fail(req, message)
 
     def abort(self, msg: AbortReq) -> None:
         def matches(req: Req) -> bool:
@@ -82,13 +116,18 @@ class Scheduler:
             self.waiting.remove(req)
             req.finished_reason = FinishReason("abort", message=msg.message)
             self.output.pending_finished.append(req)
+        if self.grammars is not None:
+            for req in [r for r in self.grammars.queue if matches(r)]:
+                self.grammars.remove(req)
+                req.finished_reason = FinishReason("abort", message=msg.message)
+                self.output.pending_finished.append(req)
         for req in self.running:
             if matches(req) and not req.finished:
                 req.finished_reason = FinishReason("abort", message=msg.message)
         self._release_finished()
 
     def flush_cache(self) -> FlushCacheOut:
-        if self.waiting or self.running:
+        if self.waiting or self.running or self.num_compiling:
             return FlushCacheOut(False, "Cannot flush the cache while requests are running")
         self.kv.cache.reset()
         return FlushCacheOut(True)
@@ -98,10 +137,13 @@ class Scheduler:
         info.update(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting),
+            num_compiling_reqs=self.num_compiling,
             num_retractions=self.num_retractions,
             num_steps=self.num_steps,
             new_token_ratio=round(self.new_token_ratio.value, 4),
             context_length=self.runner.context_len,
+            grammar_mask_seconds_total=round(getattr(self.runner, "grammar_mask_seconds", 0.0), 6),
+            num_grammar_mask_steps=getattr(self.runner, "num_grammar_mask_steps", 0),
         )
         info.update(self.output.stats())
         return ServerInfoOut(info)
@@ -118,22 +160,39 @@ class Scheduler:
         }
 
     @property
+    def num_compiling(self) -> int:
+        """Constrained requests waiting for their grammar."""
+        return len(self.grammars.queue) if self.grammars is not None else 0
+
+    @property
     def has_work(self) -> bool:
+        return bool(
+            self.waiting or self.running or self.output.pending_finished or self.num_compiling
+        )
+
+    @property
+    def can_step_now(self) -> bool:
+        """False when the only work is grammars still compiling (poll, don't spin)."""
         return bool(self.waiting or self.running or self.output.pending_finished)
 
     # ------------------------------------------------------------------ step
 
     def step(self) -> list[TokenOut]:
         """Run one step if there is work; return the outputs to send."""
+        self._take_compiled_grammars()
         plan = self.schedule()
         if plan is not None:
             result = self.runner.forward(plan)
             for item in plan.items:
                 item.req.kv_len = item.prefix_len + item.extend_len
+                item.req.num_forward_steps += 1
             self.output.process(plan, result)
             for item in plan.items:
-                if item.extend_len > 1 and not item.req.finished:
-                    self._on_prefill_progress(item.req)
+                req = item.req
+                if item.samples and req.grammar is not None:
+                    self._jump_forward(req)
+                if item.extend_len > 1 and item.prefix_len < len(req.origin_input_ids) and not req.finished:
+                    self._on_prefill_progress(req)
             self._release_finished()
             self.num_steps += 1
             self.new_token_ratio.step()
@@ -245,6 +304,14 @@ class Scheduler:
         if gid is None or not self.kv.shares_prefixes or gid in self.group_ready:
             return True
         return self.group_leader.setdefault(gid, req.rid) == req.rid
+
+    def _jump_forward(self, req: Req) -> None:
+        """Append the text req's grammar forces; the next step computes it as an extend."""
+        if self.jump_forward is None or req.finished:
+            return
+        num_new = self.jump_forward.try_jump(req, self.kv)
+        if num_new > 0:
+            req.finished_reason = self.output.check_length_and_stop_strings(req, num_new)
 
     def _on_prefill_progress(self, req: Req) -> None:
         self.kv.cache_unfinished(req)

@@ -8,12 +8,15 @@ context length), or "abort". Outputs go to the detokenizer as deltas: every
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from radixlm.managers.io_struct import FinishReason, TokenOut
 from radixlm.managers.schedule_batch import ForwardResult, Req, StepPlan
 from radixlm.managers.stop_strings import find_stop_string
 from radixlm.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
 
 
 class OutputProcessor:
@@ -56,7 +59,24 @@ class OutputProcessor:
             if req.return_logprob:
                 req.output_token_logprobs.append(result.token_logprobs[i])  # type: ignore[arg-type]
                 req.output_top_logprobs.append(result.top_logprobs[i] or [])
-            req.finished_reason = self._check_finished(req, token_id)
+            req.finished_reason = self._accept_grammar(req, token_id) or self._check_finished(
+                req, token_id
+            )
+
+    def _accept_grammar(self, req: Req, token_id: int) -> FinishReason | None:
+        """Feed the sampled token to the request's grammar; a terminated grammar stops it."""
+        if req.grammar is None:
+            return None
+        from radixlm.constrained.base_grammar_backend import GrammarError
+
+        try:
+            req.grammar.accept_token(token_id)
+        except GrammarError as e:  # the mask allowed it, so this is a backend bug
+            logger.error("Grammar of %s rejected sampled token %d: %s", req.rid, token_id, e)
+            return FinishReason("abort", message=f"Internal grammar error: {e}", status_code=500)
+        if req.grammar.is_terminated():
+            return FinishReason("stop", matched=token_id)
+        return None
 
     def _check_finished(self, req: Req, token_id: int) -> FinishReason | None:
         params = req.sampling_params
@@ -66,12 +86,19 @@ class OutputProcessor:
                 return FinishReason("stop", matched=token_id)
             if not params.ignore_eos and token_id in self.eos_token_ids:
                 return FinishReason("stop", matched=token_id)
+        return self.check_length_and_stop_strings(req)
+
+    def check_length_and_stop_strings(self, req: Req, num_new_tokens: int = 1) -> FinishReason | None:
+        """The finish checks that do not look at the last token id (also run after a jump
+        that appended `num_new_tokens`)."""
+        params = req.sampling_params
+        num_output = len(req.output_ids)
         if num_output >= params.max_new_tokens:
             return FinishReason("length")
         if req.num_fill_tokens >= self.context_len:
             return FinishReason("length")
         if params.stop and num_output >= params.min_new_tokens:
-            window = max(len(s) for s in params.stop) + 4
+            window = max(len(s) for s in params.stop) + 3 + num_new_tokens
             tail = self.tokenizer.decode(
                 req.output_ids[-window:], skip_special_tokens=params.skip_special_tokens
             )
@@ -106,6 +133,8 @@ class OutputProcessor:
             prompt_tokens=len(req.origin_input_ids),
             completion_tokens=len(req.output_ids),
             cached_tokens=req.num_cached_tokens or 0,
+            forward_steps=req.num_forward_steps,
+            jump_forward_tokens=req.num_jump_forward_tokens,
             skip_special_tokens=params.skip_special_tokens,
             spaces_between_special_tokens=params.spaces_between_special_tokens,
             stop=params.stop,

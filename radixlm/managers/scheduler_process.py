@@ -42,6 +42,8 @@ def run_scheduler_process(server_args: Any, model_dir: str, ports: PortArgs) -> 
     try:
         scheduler = _build_scheduler(server_args, model_dir)
         to_tokenizer.send_pyobj(SchedulerReady(scheduler.runner_info()))
+        if scheduler.grammars is not None:
+            scheduler.grammars.start()
         _loop(scheduler, recv, to_detok, to_tokenizer)
     except Exception as e:  # noqa: BLE001 - report every failure, then die
         logger.error("Scheduler failed:\n%s", traceback.format_exc())
@@ -53,16 +55,22 @@ def run_scheduler_process(server_args: Any, model_dir: str, ports: PortArgs) -> 
 def _build_scheduler(server_args: Any, model_dir: str) -> Any:
     import torch
 
+    from radixlm.managers.grammar_manager import GrammarManager
     from radixlm.managers.scheduler import Scheduler
     from radixlm.model_executor.model_runner import ModelRunner
     from radixlm.tokenizer_utils import load_decode_tokenizer
 
     torch.manual_seed(server_args.random_seed)  # the RNG of requests that give no seed
-    tokenizer = load_decode_tokenizer(server_args.tokenizer_path or model_dir)
+    tokenizer_path = server_args.tokenizer_path or model_dir
+    tokenizer = load_decode_tokenizer(tokenizer_path)
     runner = ModelRunner(server_args, model_dir)
     if tokenizer.eos_token_id is not None:
         runner.eos_token_ids.add(int(tokenizer.eos_token_id))
-    return Scheduler(server_args, runner, tokenizer)
+    grammars = None
+    if server_args.grammar_backend != "none":
+        grammars = GrammarManager(server_args, tokenizer_path, runner.vocab_size,
+                                  runner.eos_token_ids)
+    return Scheduler(server_args, runner, tokenizer, grammars)
 
 
 def _loop(scheduler: Any, recv: zmq.Socket, to_detok: zmq.Socket, to_tokenizer: zmq.Socket) -> None:
@@ -71,7 +79,8 @@ def _loop(scheduler: Any, recv: zmq.Socket, to_detok: zmq.Socket, to_tokenizer: 
     parent = os.getppid()
     check_every = int(os.environ.get("RADIXLM_CHECK_INTEGRITY", "0"))
     while True:
-        timeout = 0 if scheduler.has_work else 1000
+        # Grammars still compiling: poll every few ms instead of spinning.
+        timeout = 0 if scheduler.can_step_now else 5 if scheduler.has_work else 1000
         while poller.poll(timeout):
             _handle(scheduler, recv.recv_pyobj(), to_tokenizer)
             timeout = 0

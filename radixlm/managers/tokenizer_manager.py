@@ -246,6 +246,8 @@ class TokenizerManager:
             prompt_tokens=tok.prompt_tokens,
             completion_tokens=tok.completion_tokens,
             cached_tokens=tok.cached_tokens,
+            forward_steps=tok.forward_steps,
+            jump_forward_tokens=tok.jump_forward_tokens,
             finish_reason=tok.finished_reason.to_json() if tok.finished_reason else None,
             e2e_latency=time.monotonic() - state.created,
         )

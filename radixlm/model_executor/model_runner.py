@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
 
 from radixlm.layers.attention import create_attention_backend
 from radixlm.layers.cpu_gemm import prepack_model
 from radixlm.managers.io_struct import LogprobEntry
-from radixlm.managers.schedule_batch import ForwardResult, InputLogprobs, StepPlan
+from radixlm.managers.schedule_batch import ForwardResult, InputLogprobs, Req, StepPlan
 from radixlm.mem_cache import create_prefix_cache
 from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
@@ -56,6 +57,8 @@ class ModelRunner:
         self.eos_token_ids = _eos_ids(self.config, model_dir)
         self._init_memory(text_config)
         self.attn_backend = create_attention_backend("torch_native", self.model)
+        self.grammar_mask_seconds = 0.0  # filling + applying grammar masks, all steps
+        self.num_grammar_mask_steps = 0
 
     def _init_memory(self, cfg) -> None:  # type: ignore[no-untyped-def]
         num_layers = int(cfg.num_hidden_layers)
@@ -146,7 +149,12 @@ class ModelRunner:
         if sampling:
             reqs = [plan.items[i].req for i in sampling]
             rows = torch.tensor([sample_rows[i] for i in sampling], device=logits.device)
-            raw = logits[rows]  # [S, V]
+            raw = logits[rows]  # [S, V], a copy
+            if any(r.grammar is not None for r in reqs):
+                start = time.perf_counter()
+                _apply_grammar_masks(raw, reqs, self.vocab_size)
+                self.grammar_mask_seconds += time.perf_counter() - start
+                self.num_grammar_mask_steps += 1
             info = SamplingBatchInfo.from_params(
                 [r.sampling_params for r in reqs],
                 [r.output_ids for r in reqs],
@@ -182,6 +190,21 @@ class ModelRunner:
             )
             input_lps[i] = (list(lp.token_logprobs), list(lp.top_logprobs))
         return ForwardResult(next_ids, token_lps, top_lps, input_lps)
+
+
+def _apply_grammar_masks(logits: torch.Tensor, reqs: list[Req], vocab_size: int) -> None:
+    """Constrained rows of logits [S, V] get -inf where their grammar forbids the token.
+
+    One bitmask for the batch: each grammar fills its row, one call applies them all.
+    Logprobs are then taken from the masked logits: the distribution actually sampled.
+    """
+    rows = [j for j, req in enumerate(reqs) if req.grammar is not None]
+    from radixlm.constrained.base_grammar_backend import allocate_vocab_mask, apply_vocab_mask
+
+    mask = allocate_vocab_mask(len(reqs), vocab_size)  # [S, ceil(V/32)] int32
+    for j in rows:
+        reqs[j].grammar.fill_vocab_mask(mask, j)  # type: ignore[union-attr]
+    apply_vocab_mask(logits, mask, rows)
 
 
 def _eos_ids(config, model_dir: str) -> set[int]:  # type: ignore[no-untyped-def]

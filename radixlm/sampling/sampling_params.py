@@ -21,6 +21,7 @@ GRAMMAR_BACKEND_KINDS: dict[str, tuple[str, ...]] = {
     "llguidance": GRAMMAR_PARAMS,
     "none": (),
 }
+TOO_MANY_GRAMMARS = "Only one of regex, json_schema, ebnf or structural_tag can be set"
 
 
 @dataclass
@@ -175,4 +176,4 @@ class SamplingParams:
         if any(s == "" for s in self.stop):
             raise ValueError("stop strings must not be empty")
         if sum(getattr(self, name) is not None for name in GRAMMAR_PARAMS) > 1:
-            raise ValueError("Only one of regex, json_schema, ebnf or structural_tag can be set")
+            raise ValueError(TOO_MANY_GRAMMARS)

@@ -5,7 +5,8 @@ real Hugging Face tokenizer built in memory (one token per byte, chatml
 template), so templates, encode and decode behave as with a real model. A
 sample "generates" the bytes of `REPLY` cycled, one token per `delay` seconds,
 honouring max_new_tokens, stop strings, logprobs and aborts; validation is the
-runtime's own (`validate_request`).
+runtime's own (`validate_request`). Every request it was given is kept in
+`received`. Grammars are checked for kind only (`grammar_backend`), never applied.
 """
 
 from __future__ import annotations
@@ -51,8 +52,11 @@ class _Sample:
 
 
 class FakeTokenizerManager:
-    def __init__(self, tokenizer: Any, context_length: int = 256, delay: float = 0.0) -> None:
+    def __init__(self, tokenizer: Any, context_length: int = 256, delay: float = 0.0,
+                 grammar_backend: str = "xgrammar") -> None:
         self.tokenizer = tokenizer
+        self.grammar_backend = grammar_backend
+        self.received: list[GenerateReqInput] = []
         self.model_dir = "/fake/model"
         self.model_info = {"context_length": context_length, "vocab_size": len(tokenizer),
                            "max_total_num_tokens": 4096, "eos_token_ids": [258],
@@ -69,12 +73,14 @@ class FakeTokenizerManager:
     async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
         if self.dead_reason:
             raise EngineDeadError(self.dead_reason)
+        self.received.append(obj)
         singles = obj.normalize()
         prepared = []
         for s in singles:
             ids = s.input_ids if s.input_ids is not None else self.tokenizer.encode(s.text)
             prepared.append((s, ids, validate_request(
-                s, ids, self.model_info["vocab_size"], self.model_info["context_length"])))
+                s, ids, self.model_info["vocab_size"], self.model_info["context_length"],
+                self.grammar_backend)))
         queue: asyncio.Queue = asyncio.Queue()
         tasks, rids = [], []
         base = 0
@@ -150,7 +156,8 @@ class FakeTokenizerManager:
             text += delta
             self.last_receive_time = time.monotonic()
             meta.update(completion_tokens=len(out_ids), finish_reason=finish,
-                        e2e_latency=time.monotonic() - created)
+                        e2e_latency=time.monotonic() - created, forward_steps=len(out_ids),
+                        jump_forward_tokens=0)
             out = {"index": index, "text": text, "delta": delta, "output_ids": list(out_ids),
                    "meta_info": dict(meta), "first_token_time": first_token_time,
                    "created": created}

@@ -83,6 +83,8 @@ def describe_validation_errors(errors: list[Any]) -> tuple[str, str | None]:
         param = ".".join(loc) or None
         first_param = first_param or param
         msg = err.get("msg", "invalid value")
+        if err.get("type") == "value_error" and "error" in err.get("ctx", {}):
+            msg = str(err["ctx"]["error"])  # our validators' own words, without "Value error, "
         if err.get("type") == "json_invalid":
             msg = f"Malformed JSON: {err.get('ctx', {}).get('error', msg)}"
         parts.append(f"{param}: {msg}" if param else msg)

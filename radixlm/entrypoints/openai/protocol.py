@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from radixlm.entrypoints.openai.grammar import ResponseFormat, request_grammar
 
 # ---------------------------------------------------------------- requests
 
@@ -50,6 +52,18 @@ class _SamplingRequest(BaseModel):
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     rid: str | None = None
+    # Constrained decoding (see grammar.py): at most one of these
+    response_format: ResponseFormat | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+    _grammar: tuple[str, str] | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _check_grammar(self) -> _SamplingRequest:
+        self._grammar = request_grammar(self.response_format, self.regex, self.ebnf,
+                                        self.json_schema)
+        return self
 
     @property
     def include_usage(self) -> bool:
@@ -58,7 +72,7 @@ class _SamplingRequest(BaseModel):
     def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
         """The runtime's sampling_params dict for this request."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return {
+        params: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
             "min_new_tokens": min(self.min_tokens, max_new_tokens),
             "temperature": self.temperature,
@@ -78,6 +92,10 @@ class _SamplingRequest(BaseModel):
             "spaces_between_special_tokens": self.spaces_between_special_tokens,
             "no_stop_trim": self.no_stop_trim,
         }
+        if self._grammar is not None:
+            kind, text = self._grammar
+            params[kind] = text
+        return params
 
 
 Prompt = str | list[str] | list[int] | list[list[int]]
@@ -144,7 +162,6 @@ class ChatCompletionRequest(_SamplingRequest):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
     # Extras
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -162,9 +179,6 @@ class ChatCompletionRequest(_SamplingRequest):
         clash = sorted(reserved.intersection(self.chat_template_kwargs or {}))
         if clash:
             raise ValueError(f"chat_template_kwargs may not set {', '.join(clash)}")
-        fmt = (self.response_format or {}).get("type", "text")
-        if fmt != "text":
-            raise ValueError(f"response_format type {fmt!r} is not supported yet")
         return self
 
     @property

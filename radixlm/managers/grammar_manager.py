@@ -1,0 +1,147 @@
+"""The scheduler's side of constrained decoding: requests whose grammar is not ready yet.
+
+A constrained request does not enter the waiting queue until its grammar
+object exists. `add` parks it here and starts (or joins) the compilation;
+`poll`, called once per scheduler step, hands back the requests whose grammar
+is ready and the ones whose grammar failed. Nothing here ever blocks the loop.
+
+The grammar backend itself (tokenizer information for the whole vocabulary,
+built from the full Hugging Face tokenizer; xgrammar's import alone takes
+seconds) is built in a background thread that `start` launches once the
+scheduler is ready, so the server serves unconstrained requests before
+grammars are ready, and its start-up does not wait for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from radixlm.managers.schedule_batch import Req
+
+if TYPE_CHECKING:
+    from radixlm.constrained.base_grammar_backend import BaseGrammarBackend, GrammarError
+    from radixlm.constrained.grammar_cache import GrammarCache
+
+logger = logging.getLogger(__name__)
+
+
+class GrammarPoll(NamedTuple):
+    ready: list[Req]  # req.grammar is set
+    failed: list[tuple[Req, str]]  # the message for the user (HTTP 400)
+
+
+class GrammarManager:
+    def __init__(
+        self,
+        server_args: Any,
+        tokenizer_path: str,
+        vocab_size: int,
+        eos_token_ids: set[int],
+    ) -> None:
+        """server_args.grammar_backend names the backend (not "none")."""
+        self.args = server_args
+        self.tokenizer_path = tokenizer_path
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.queue: list[Req] = []
+        self.cache: GrammarCache | None = None
+        self.build_started = 0.0
+        self._builder: ThreadPoolExecutor | None = None
+        self._cache_future: Future[GrammarCache] | None = None
+
+    def start(self) -> None:
+        """Build the backend in the background (also done by the first `add`)."""
+        if self._cache_future is None:
+            self.build_started = time.monotonic()
+            self._builder = ThreadPoolExecutor(1, thread_name_prefix="grammar-backend")
+            self._cache_future = self._builder.submit(self._build_cache)
+
+    def _build_cache(self) -> GrammarCache:
+        from radixlm.constrained.base_grammar_backend import create_grammar_backend
+        from radixlm.constrained.grammar_cache import GrammarCache
+        from radixlm.tokenizer_utils import load_tokenizer
+
+        start = time.monotonic()
+        backend: BaseGrammarBackend = create_grammar_backend(
+            self.args.grammar_backend,
+            load_tokenizer(self.tokenizer_path),
+            self.vocab_size,
+            self.eos_token_ids,
+            json_whitespace_pattern=self.args.constrained_json_whitespace_pattern,
+            json_disable_any_whitespace=self.args.constrained_json_disable_any_whitespace,
+        )
+        logger.info("Grammar backend %s ready in %.1f s", backend.name, time.monotonic() - start)
+        return GrammarCache(backend, num_threads=2,
+                            compile_timeout_s=self.args.grammar_compile_timeout)
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self.queue)
+
+    def add(self, req: Req) -> None:
+        """Park a constrained request until its grammar is compiled."""
+        self.queue.append(req)
+        self.start()
+        cache = self._ready_cache()
+        if cache is not None:
+            assert req.grammar_key is not None
+            cache.get_or_submit(*req.grammar_key)
+
+    def remove(self, req: Req) -> None:
+        self.queue.remove(req)
+
+    def poll(self) -> GrammarPoll:
+        """Requests whose grammar is ready or failed since the last poll; never blocks."""
+        ready: list[Req] = []
+        failed: list[tuple[Req, str]] = []
+        if not self.queue:
+            return GrammarPoll(ready, failed)
+        cache = self._ready_cache()
+        if cache is None:
+            error = self._build_error()
+            if error is not None:
+                failed = [(req, error) for req in self.queue]
+                self.queue = []
+            return GrammarPoll(ready, failed)
+        still: list[Req] = []
+        for req in self.queue:
+            assert req.grammar_key is not None
+            result = cache.poll(req.grammar_key)
+            if not result.ready:
+                still.append(req)
+            elif result.error is not None:
+                failed.append((req, str(result.error)))
+            else:
+                req.grammar = result.grammar
+                ready.append(req)
+        self.queue = still
+        return GrammarPoll(ready, failed)
+
+    def _ready_cache(self) -> GrammarCache | None:
+        if self.cache is None and self._cache_future is not None and self._cache_future.done():
+            if self._cache_future.exception() is None:
+                self.cache = self._cache_future.result()
+                for req in self.queue:  # start the compilations that waited for the backend
+                    assert req.grammar_key is not None
+                    self.cache.get_or_submit(*req.grammar_key)
+        return self.cache
+
+    def _build_error(self) -> str | None:
+        """Why grammars cannot be served (backend failed or took too long), or None."""
+        assert self._cache_future is not None
+        if self._cache_future.done():
+            error: BaseException | GrammarError | None = self._cache_future.exception()
+            return f"The {self.args.grammar_backend} grammar backend failed to start: {error}"
+        waited = time.monotonic() - self.build_started
+        if waited > self.args.grammar_compile_timeout + 60:
+            return f"The {self.args.grammar_backend} grammar backend is not ready after {waited:.0f} s"
+        return None
+
+    def shutdown(self) -> None:
+        if self.cache is not None:
+            self.cache.shutdown()
+        if self._builder is not None:
+            self._builder.shutdown(wait=False, cancel_futures=True)

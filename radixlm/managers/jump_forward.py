@@ -1,0 +1,127 @@
+"""Jump-forward decoding: append the text a grammar forces, without sampling it.
+
+After a constrained request accepts a token, its grammar may know the next
+characters for certain (`{"name": "` after `{` in a fixed-key schema). Those
+tokens need no sampling: they are appended to the request, and the one-budget
+scheduler computes their KV as an extend in the next step, inside the running
+batch. One forward pass then covers what would have taken one per token.
+
+Token boundaries are the subtle part. The forced text is not retokenized on
+its own: the last few output tokens are decoded, the forced text appended,
+and the whole retokenized, so that `"` sampled just before `name"` can merge
+into `"name` as the tokenizer would write it. The tokens shared with the old
+tail stay; the differing old tail is rolled back (grammar rollback, KV slots
+freed) and the new tokens are appended.
+
+Only tokens that are not yet sent to the detokenizer and whose KV is not in
+the prefix cache may be replaced, so streams and the radix tree never see a
+token change. A retokenization that would change the text (a multi-byte
+character cut in two, a leading-space rule of the tokenizer) is abandoned:
+the request then just samples its next token as usual.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from radixlm.managers.schedule_batch import Req
+
+if TYPE_CHECKING:
+    from radixlm.constrained.base_grammar_backend import BaseGrammarObject
+    from radixlm.managers.kv_manager import KVManager
+
+MAX_RETOKENIZE_TOKENS = 8  # how far back the tail may be retokenized
+NUM_CONTEXT_TOKENS = 4  # tokens before the tail decoded to check the text is unchanged
+
+
+class JumpPlan(NamedTuple):
+    num_keep: int  # output tokens kept: output_ids[:num_keep]
+    new_ids: list[int]  # appended after them (the forced text's tokens, and a retokenized tail)
+
+
+def plan_jump(
+    output_ids: list[int], first_replaceable: int, forced_text: str, tokenizer: Any
+) -> JumpPlan | None:
+    """How to append `forced_text` to `output_ids`, replacing only tokens from
+    `first_replaceable` on; None when no retokenization keeps the text exact."""
+    start = max(first_replaceable, len(output_ids) - MAX_RETOKENIZE_TOKENS, 0)
+    for tail_start in range(start, len(output_ids) + 1):
+        tail = output_ids[tail_start:]
+        tail_text = _decode(tokenizer, tail)
+        if "\ufffd" in tail_text:  # the tail starts or ends inside a character
+            continue
+        new_ids = list(tokenizer.encode(tail_text + forced_text, add_special_tokens=False))
+        num_common = _common_prefix_len(tail, new_ids)
+        if num_common == len(new_ids):
+            return None
+        context = output_ids[max(tail_start - NUM_CONTEXT_TOKENS, 0) : tail_start]
+        expected = _decode(tokenizer, context + tail) + forced_text
+        if _decode(tokenizer, context + new_ids) != expected:
+            continue
+        return JumpPlan(tail_start + num_common, new_ids[num_common:])
+    return None
+
+
+class JumpForward:
+    """Applies jump-forward to constrained requests right after they accept a token."""
+
+    def __init__(self, tokenizer: Any, context_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.context_len = context_len
+
+    def try_jump(self, req: Req, kv: KVManager) -> int:
+        """Append the forced tokens of `req`'s grammar; return how many tokens were
+        appended after the kept output (0 when nothing was forced or the jump was abandoned).
+
+        Modifies req.output_ids, the grammar state and req.kv_len (slots of
+        replaced tokens go back to the pool).
+        """
+        grammar = req.grammar
+        if grammar is None or req.finished or req.return_logprob:
+            return 0
+        forced = grammar.try_jump_forward()
+        if forced is None or len(forced) <= 1:
+            return 0
+        prompt_len = len(req.origin_input_ids)
+        first = max(req.num_sent_tokens, req.cached_len - prompt_len)
+        plan = plan_jump(req.output_ids, first, forced, self.tokenizer)
+        if plan is None:
+            return 0
+        limit = min(req.sampling_params.max_new_tokens, self.context_len - prompt_len)
+        new_ids = plan.new_ids[: max(limit - plan.num_keep, 0)]
+        old_ids = req.output_ids[plan.num_keep :]
+        if not new_ids or not _swap_tokens(grammar, old_ids, new_ids):
+            return 0
+        kv.truncate(req, min(req.kv_len, prompt_len + plan.num_keep))
+        req.output_ids[plan.num_keep :] = new_ids
+        req.num_jump_forward_tokens += len(new_ids) - len(old_ids)
+        return len(new_ids)
+
+
+def _swap_tokens(grammar: BaseGrammarObject, old_ids: list[int], new_ids: list[int]) -> bool:
+    """Roll `old_ids` back and accept `new_ids`; on a rejection restore the old state."""
+    from radixlm.constrained.base_grammar_backend import GrammarError
+
+    grammar.rollback(len(old_ids))
+    for i, token_id in enumerate(new_ids):
+        try:
+            grammar.accept_token(token_id)
+        except GrammarError:
+            grammar.rollback(i)
+            for old_id in old_ids:
+                grammar.accept_token(old_id)
+            return False
+    return True
+
+
+def _decode(tokenizer: Any, ids: list[int]) -> str:
+    return str(tokenizer.decode(ids, skip_special_tokens=False))
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
