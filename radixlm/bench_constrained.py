@@ -58,7 +58,7 @@ SCHEMA = {
     "additionalProperties": False,
 }
 
-MAX_NEW_TOKENS = 160
+MAX_NEW_TOKENS = 200
 
 
 def prompt(name: str) -> str:

@@ -1,8 +1,9 @@
 """llguidance backend: LLTokenizer (built once from the HF tokenizer) and LLMatcher.
 
 Regexes, JSON schemas, EBNF (Lark or GBNF syntax) and structural tags are all
-supported. JSON whitespace is fixed separators by default (llguidance's
-whitespace_flexible=False), or a given whitespace pattern.
+supported. JSON is written on one line with json.dumps' separators (", " and
+": ") by default, compact with --constrained-json-disable-any-whitespace, or
+with a given whitespace pattern.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class LLGuidanceBackend(BaseGrammarBackend):
             return {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
         if self.json_whitespace_pattern is not None:
             return {"whitespace_pattern": self.json_whitespace_pattern}
-        return {"whitespace_flexible": False}
+        return {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
     def _grammar_text(self, kind: str, text: str) -> str:
         if kind == "regex":

@@ -28,8 +28,10 @@ from radixlm.constrained.base_grammar_backend import (
 )
 from radixlm.sampling.sampling_params import GRAMMAR_BACKEND_KINDS
 
-# NOTE: bounded on purpose: at most one space between JSON tokens by default.
-DEFAULT_JSON_WHITESPACE = r"[ ]?"
+# NOTE: compact JSON by default: outlines-core puts one whitespace pattern between every
+# pair of JSON tokens, so "[ ]?" gives `{ "a" : 1 }` and leaves nothing for jump-forward
+# to insert between values; with none, whole keys are forced (`,"house":"`).
+DEFAULT_JSON_WHITESPACE = ""
 MAX_ROLLBACK_TOKENS = 200
 MAX_JUMP_FORWARD_TOKENS = 64
 
@@ -170,6 +172,18 @@ class OutlinesGrammarObject(BaseGrammarObject):
         return OutlinesGrammarObject(self.compiled)
 
 
+def strip_anchors(regex: str) -> str:
+    """Drop a leading ^ and a trailing unescaped $: the whole output must match anyway,
+    and outlines-core's Index rejects anchors."""
+    if regex.startswith("^"):
+        regex = regex[1:]
+    if regex.endswith("$"):
+        num_backslashes = len(regex[:-1]) - len(regex[:-1].rstrip("\\"))
+        if num_backslashes % 2 == 0:
+            regex = regex[:-1]
+    return regex
+
+
 def _bit(position: int) -> int:
     """The int32 value with only `position` set (bit 31 is negative in int32)."""
     return -(1 << 31) if position == 31 else 1 << position
@@ -202,6 +216,6 @@ class OutlinesBackend(BaseGrammarBackend):
         return build_regex_from_schema(text, whitespace_pattern=whitespace)
 
     def _compile(self, kind: str, text: str) -> OutlinesGrammarObject:
-        regex = self.json_schema_to_regex(text) if kind == "json_schema" else text
+        regex = self.json_schema_to_regex(text) if kind == "json_schema" else strip_anchors(text)
         index = outlines_core.Index(regex, self.vocabulary)
         return OutlinesGrammarObject(CompiledOutlinesGrammar(index, self))

@@ -18,9 +18,10 @@ from radixlm.constrained.base_grammar_backend import (
 
 logger = logging.getLogger(__name__)
 
-# NOTE: bounded, not zero: the model may still write `{"a": 1}` with its usual spaces,
-# but cannot pad a JSON answer with newlines until max_tokens.
-DEFAULT_MAX_JSON_WHITESPACE = 2
+# NOTE: by default JSON is written on one line with json.dumps' separators (", " and ": "):
+# bounded (a model cannot pad an answer with newlines until max_tokens), the style models
+# see most, and deterministic between values, so jump-forward can insert whole keys.
+DEFAULT_JSON_SEPARATORS = (", ", ": ")
 
 
 class XGrammarObject(BaseGrammarObject):
@@ -58,7 +59,7 @@ class XGrammarBackend(BaseGrammarBackend):
     ):
         super().__init__(tokenizer, vocab_size, eos_token_ids, **options)
         if self.json_whitespace_pattern is not None:
-            logger.warning("xgrammar ignores json_whitespace_pattern; whitespace stays bounded")
+            logger.warning("xgrammar ignores json_whitespace_pattern; JSON uses fixed separators")
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=self.eos_token_ids
         )
@@ -81,7 +82,7 @@ class XGrammarBackend(BaseGrammarBackend):
                 text, any_whitespace=False, separators=(",", ":")
             )
         return self.compiler.compile_json_schema(
-            text, any_whitespace=True, max_whitespace_cnt=DEFAULT_MAX_JSON_WHITESPACE
+            text, any_whitespace=False, separators=DEFAULT_JSON_SEPARATORS
         )
 
     def _compile_structural_tag(self, text: str) -> xgr.CompiledGrammar:

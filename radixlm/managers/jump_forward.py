@@ -44,6 +44,8 @@ def plan_jump(
 ) -> JumpPlan | None:
     """How to append `forced_text` to `output_ids`, replacing only tokens from
     `first_replaceable` on; None when no retokenization keeps the text exact."""
+    if _decode(tokenizer, output_ids[-NUM_CONTEXT_TOKENS:]).endswith("\ufffd"):
+        return None  # the output ends inside a character: the grammar is mid-character too
     start = max(first_replaceable, len(output_ids) - MAX_RETOKENIZE_TOKENS, 0)
     for tail_start in range(start, len(output_ids) + 1):
         tail = output_ids[tail_start:]

@@ -307,3 +307,15 @@ def test_structural_tag(backends: dict[str, BaseGrammarBackend], tokenizer: Any)
 def test_unknown_backend(tokenizer: Any) -> None:
     with pytest.raises(ValueError, match="Unknown grammar backend"):
         create_grammar_backend("nope", tokenizer, 10, [0])
+
+
+@pytest.mark.parametrize("regex,expected", [
+    (r"^user@example\.com$", r"user@example\.com"),
+    (r"price \$", r"price \$"),  # an escaped dollar is a literal, not an anchor
+    (r"a\\$", r"a\\"),  # an escaped backslash, then the anchor
+    ("(a|b)", "(a|b)"),
+])
+def test_outlines_strips_anchors(regex: str, expected: str) -> None:
+    from radixlm.constrained.outlines_backend import strip_anchors
+
+    assert strip_anchors(regex) == expected
