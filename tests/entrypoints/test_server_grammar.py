@@ -239,3 +239,30 @@ def test_invalid_grammar_is_400_and_server_keeps_serving(
     # The next valid request works.
     outs = _generate(gen, ["Pick:"], {"regex": "(yes|no)", "max_new_tokens": 4})
     assert outs[0]["text"] in ("yes", "no")
+
+
+WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                  "required": ["city"], "additionalProperties": False}
+WEATHER_TAG = {"structures": [{"begin": "<function=get_weather>", "schema": WEATHER_SCHEMA,
+                               "end": "</function>"}], "triggers": ["<function="]}
+TOOL_PROMPT = (
+    "User: What's the weather in Rome?\n"
+    'Assistant: <function=get_weather>{"city": "Rome"}</function>\n'
+    "User: What's the weather in Oslo?\n"
+    'Assistant: <function=get_weather>{"city": "Oslo"}</function>\n'
+    "User: What's the weather in Paris?\nAssistant:"
+)
+
+
+def test_structural_tag(gen: httpx.Client, backend: str) -> None:
+    params = {"structural_tag": json.dumps(WEATHER_TAG), "temperature": 0, "max_new_tokens": 40}
+    r = gen.post("/generate", json={"text": TOOL_PROMPT, "sampling_params": params})
+    if backend == "outlines":
+        assert r.status_code == 400
+        assert "does not support structural_tag" in r.json()["message"]
+        return
+    assert r.status_code == 200, r.text
+    text = r.json()["text"]
+    match = re.search(r"<function=get_weather>(.*?)</function>", text, re.DOTALL)
+    assert match is not None, text
+    jsonschema.validate(json.loads(match.group(1)), WEATHER_SCHEMA)
