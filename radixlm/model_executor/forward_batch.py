@@ -20,6 +20,7 @@ import torch
 if TYPE_CHECKING:
     from radixlm.layers.attention import AttentionBackend
     from radixlm.mem_cache.memory_pool import TokenToKVPool
+    from radixlm.multimodal.mm_inputs import MultimodalInputs
 
 
 @dataclass
@@ -39,7 +40,11 @@ class ForwardBatch:
     attn_backend: AttentionBackend | None = None
     # Filled by the attention backend's init_forward_metadata(), read by its forward().
     attn_metadata: Any = None
-    # Optional multimodal inputs etc. for later model types.
+    # [B] each request's images / videos (None for text-only requests); a
+    # multimodal model writes the features of the items overlapping this step's
+    # extend, rows prefix_lens[i] .. prefix_lens[i] + extend_lens[i] of request i.
+    mm_inputs: list[MultimodalInputs | None] | None = None
+    # Optional inputs for later model types.
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
