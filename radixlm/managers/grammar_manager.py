@@ -90,9 +90,6 @@ class GrammarManager:
             assert req.grammar_key is not None
             cache.get_or_submit(*req.grammar_key)
 
-    def remove(self, req: Req) -> None:
-        self.queue.remove(req)
-
     def poll(self) -> GrammarPoll:
         """Requests whose grammar is ready or failed since the last poll; never blocks."""
         ready: list[Req] = []

@@ -81,10 +81,8 @@ class Scheduler:
             self.group_remaining[req.group_id] = self.group_remaining.get(req.group_id, 0) + 1
         if req.num_fill_tokens + req.sampling_params.max_new_tokens > self.kv.kv_pool.size:
             # It could never fit, even alone: fail now instead of thrashing later.
-            req.finished_reason = FinishReason(
-                "abort", message=f"Request needs more KV slots than the pool has "
-                f"({self.kv.kv_pool.size}); raise --max-total-tokens", status_code=400)
-            self.output.pending_finished.append(req)
+            self._fail(req, f"Request needs more KV slots than the pool has "
+                       f"({self.kv.kv_pool.size}); raise --max-total-tokens")
             return
         if req.grammar_key is not None:
             if self.grammars is None:
@@ -94,8 +92,8 @@ class Scheduler:
             return
         self.waiting.append(req)
 
-    def _fail(self, req: Req, message: str, status_code: int = 400) -> None:
-        """Finish a request that never ran, with an error for the user."""
+    def _fail(self, req: Req, message: str, status_code: int | None = 400) -> None:
+        """Finish a request that is not running (an error for the user, or an abort)."""
         req.finished_reason = FinishReason("abort", message=message, status_code=status_code)
         self.output.pending_finished.append(req)
 
@@ -112,15 +110,11 @@ class Scheduler:
         def matches(req: Req) -> bool:
             return msg.abort_all or req.rid == msg.rid or req.rid.startswith(f"{msg.rid}#")
 
-        for req in [r for r in self.waiting if matches(r)]:
-            self.waiting.remove(req)
-            req.finished_reason = FinishReason("abort", message=msg.message)
-            self.output.pending_finished.append(req)
-        if self.grammars is not None:
-            for req in [r for r in self.grammars.queue if matches(r)]:
-                self.grammars.remove(req)
-                req.finished_reason = FinishReason("abort", message=msg.message)
-                self.output.pending_finished.append(req)
+        queues = [self.waiting] + ([self.grammars.queue] if self.grammars is not None else [])
+        for queue in queues:
+            for req in [r for r in queue if matches(r)]:
+                queue.remove(req)
+                self._fail(req, msg.message, status_code=None)
         for req in self.running:
             if matches(req) and not req.finished:
                 req.finished_reason = FinishReason("abort", message=msg.message)
