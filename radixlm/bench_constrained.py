@@ -46,7 +46,9 @@ SCHEMA = {
             "properties": {
                 "wood": {"type": "string", "maxLength": 16},
                 "core": {"type": "string", "maxLength": 16},
-                "length": {"type": "integer"},
+                # NOTE: a string, not a number: a small model greedily repeats digits,
+                # and outlines-core cannot bound an integer.
+                "length": {"type": "string", "pattern": r"^[0-9]{1,2}(\.[0-9])? inches$"},
             },
             "required": ["wood", "core", "length"],
             "additionalProperties": False,
