@@ -155,9 +155,15 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(config, _head_dim(config))
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        forward_batch: ForwardBatch,
+        input_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)  # [T, hidden]
+        if input_embeds is None:
+            input_embeds = self.embed_tokens(input_ids)
+        hidden = input_embeds  # [T, hidden]
         cos, sin = self.rotary_emb(positions, hidden.dtype)  # each [T, 1, D / 2]
         residual: torch.Tensor | None = None
         for layer in self.layers:
@@ -187,11 +193,20 @@ class LlamaForCausalLM(CausalLM):
         return Biases(attention_bias, attention_bias, bool(getattr(config, "mlp_bias", False)))
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        forward_batch: ForwardBatch,
+        input_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions [T] → hidden states [T, hidden] (final norm applied).
-        Writes this step's K/V into the pool through `forward_batch.attn_backend`."""
-        return self.model(input_ids, positions, forward_batch)
+        """input_ids, positions [T] (or input_embeds [T, hidden]) → hidden states [T, hidden]
+        (final norm applied). Writes this step's K/V into the pool through
+        `forward_batch.attn_backend`."""
+        return self.model(input_ids, positions, forward_batch, input_embeds)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] (each < vocab_size) → token embeddings [T, hidden]."""
+        return self.model.embed_tokens(input_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, hidden] → float32 logits [M, vocab_size]."""

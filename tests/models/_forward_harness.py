@@ -7,7 +7,7 @@ transformers implementation on the full sequences.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -15,6 +15,9 @@ from torch import nn
 from radixlm.layers.attention import create_attention_backend
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model_executor.forward_batch import ForwardBatch
+
+if TYPE_CHECKING:
+    from radixlm.multimodal.mm_inputs import MultimodalInputs
 
 TINY = dict(
     vocab_size=256,
@@ -35,12 +38,20 @@ def build_hf_model(model_type: str, seed: int = 0, **overrides: Any) -> nn.Modul
     config = AutoConfig.for_model(model_type, **{**TINY, **overrides})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.1)
-            elif "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    return perturb_weights(model)
+
+
+@torch.no_grad()
+def perturb_weights(model: nn.Module, extra: tuple[str, ...] = ()) -> nn.Module:
+    """Non-trivial biases and norms (zeros and ones would hide bugs); parameters whose
+    name contains one of `extra` get N(0, 0.3). Returns the model in eval mode."""
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            p.normal_(0.0, 0.1)
+        elif "norm" in name:
+            p.copy_(1.0 + 0.2 * torch.randn_like(p))
+        elif any(part in name for part in extra):
+            p.normal_(0.0, 0.3)
     return model.eval()
 
 
@@ -89,8 +100,15 @@ class PoolRunner:
         return row
 
     @torch.no_grad()
-    def step(self, items: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
-        """One forward over (request row, new token ids) items → per item logits [n, vocab]."""
+    def step(
+        self,
+        items: list[tuple[int, list[int]]],
+        mm_inputs: list[MultimodalInputs | None] | None = None,
+    ) -> list[torch.Tensor]:
+        """One forward over (request row, new token ids) items → per item logits [n, vocab].
+
+        mm_inputs: per item, that request's images (whole prompt), as the runner passes them.
+        """
         input_ids: list[int] = []
         positions: list[int] = []
         locs = []
@@ -112,6 +130,7 @@ class PoolRunner:
             prefix_lens=[self.cached[row] for row, _ in items],
             extend_lens=[len(ids) for _, ids in items],
             attn_backend=self.backend,
+            mm_inputs=mm_inputs,
         )
         self.backend.init_forward_metadata(batch)
         hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, hidden]
