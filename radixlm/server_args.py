@@ -66,6 +66,15 @@ class ServerArgs:
     grammar_compile_timeout: float = _opt(60.0, "Seconds a grammar may take to compile "
                                           "before its request fails.")
 
+    # Multimodal input
+    allowed_local_media_path: str | None = _opt(
+        None, "Folder from which requests may load images and videos by local path "
+        "(symlinks and '..' are resolved first); default: no local files.")
+    media_fetch_timeout: float = _opt(10.0, "Seconds an http(s) image or video may take to "
+                                      "download.")
+    max_media_bytes: int = _opt(20 * 1024 * 1024, "Largest image or video file accepted "
+                                "(downloaded, decoded from base64 or read from disk).")
+
     # Service
     host: str = _opt("127.0.0.1", "Address to bind.")
     port: int = _opt(30000, "Port to bind.")
@@ -88,6 +97,8 @@ class ServerArgs:
             raise ValueError("--grammar-compile-timeout must be positive")
         if self.max_total_tokens is not None and self.max_total_tokens < 2:
             raise ValueError("--max-total-tokens must be at least 2")
+        if self.media_fetch_timeout <= 0 or self.max_media_bytes < 1:
+            raise ValueError("--media-fetch-timeout and --max-media-bytes must be positive")
 
     @property
     def torch_dtype_name(self) -> str:

@@ -76,15 +76,19 @@ class Engine:
         top_logprobs_num: int | list[int] | None = None,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        image_data: Any = None,
+        video_data: Any = None,
     ) -> Any:
         """Generate for one prompt (returns a dict) or a batch (a list, one per sample).
 
         With stream=True, returns an iterator of chunks (`index`, `delta`, `text`, ...).
+        `image_data` / `video_data`: see request_input.py (PIL images are accepted too).
         """
         obj = GenerateReqInput(
             text=prompt, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
             return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num, stream=stream,
+            top_logprobs_num=top_logprobs_num, stream=stream, image_data=image_data,
+            video_data=video_data,
         )
         if stream:
             return self._iterate(obj)

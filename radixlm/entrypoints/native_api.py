@@ -1,6 +1,7 @@
 """The native (SGLang-style) routes.
 
-    POST /generate          text | input_ids, single or batch; streams with `stream`
+    POST /generate          text | input_ids, single or batch; streams with `stream`;
+                            images and videos in `image_data` / `video_data`
     GET  /health            200 while serving, 503 while loading, draining or dead
     GET  /health_generate   generates one token (503 if the scheduler is dead or stuck)
     GET  /get_model_info    model path, context length, vocabulary, ...
@@ -68,11 +69,15 @@ class GenerateRequest(BaseModel):
     top_logprobs_num: int | list[int] | None = None
     return_text_in_logprobs: bool = True
     stream: bool = False
+    # Sources as strings, nested per prompt and per video: see request_input.py. A wrong
+    # shape or type is a 400 from the media loader, which names the problem.
+    image_data: str | list[Any] | None = None
+    video_data: str | list[Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _drop_empty_extras(cls, data: Any) -> Any:
-        # NOTE: SGLang clients send fields this server lacks (image_data, lora_path, ...)
+        # NOTE: SGLang clients send fields this server lacks (lora_path, ...)
         # as null; those are dropped, while a real value is an error naming the field.
         if isinstance(data, dict):
             known = cls.model_fields

@@ -5,7 +5,8 @@ Flow (see DESIGN.md):
     Scheduler --BatchTokenIDOut--> DetokenizerManager --BatchStrOut--> TokenizerManager
     Scheduler --control replies (ServerInfo, FlushCacheDone)--> TokenizerManager
 
-Messages are pickled over ZMQ; keep them plain (ints, strs, lists, dicts).
+Messages are pickled over ZMQ; keep them plain (ints, strs, lists, dicts),
+except for the CPU tensors of a request's images (`MultimodalInputs`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampling_params import SamplingParams
 
 # (logprob, token_id)
@@ -51,6 +53,8 @@ class TokenizedGenerateReq:
     # first one and admits the others once its prompt is in the prefix cache.
     group_id: str | None = None
     seed: int | None = None  # resolved per sample (params.seed + index)
+    # Images / videos: input_ids already hold each item's run of pad values.
+    mm_inputs: MultimodalInputs | None = None
 
 
 @dataclass

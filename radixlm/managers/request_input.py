@@ -4,6 +4,15 @@ A request is one prompt or a batch (a list of texts or of token-id lists);
 per-prompt fields may be given once for all or as a list. `normalize()`
 turns it into `SingleReq`s and checks the shape; each `SingleReq` expands
 into `n` samples later, in the TokenizerManager.
+
+Media per prompt (see multimodal/media_loader.py for what a source may be):
+- `image_data`: one image source or a list of them, in the order of the
+  prompt's image placeholders;
+- `video_data`: a list of videos (or a single video file source), where a
+  video is a list of frames (image sources) or one source naming a video
+  file: one video of frames is `[[f1, f2]]`, `[a, b]` is two video files.
+For a batch, each is a list with one such entry per prompt (None for none),
+or one value given to every prompt.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ class SingleReq:
     top_logprobs_num: int = 0
     stream: bool = False
     return_text_in_logprobs: bool = True
+    image_data: list[Any] | None = None  # image sources, in placeholder order
+    video_data: list[Any] | None = None  # videos: a list of frames or a file source each
 
 
 @dataclass
@@ -37,6 +48,8 @@ class GenerateReqInput:
     top_logprobs_num: int | list[int] | None = None
     stream: bool = False
     return_text_in_logprobs: bool = True
+    image_data: Any = None
+    video_data: Any = None
 
     @property
     def is_batch(self) -> bool:
@@ -69,6 +82,8 @@ class GenerateReqInput:
         logprob = _per_prompt(self.return_logprob, n, "return_logprob", bool)
         starts = _per_prompt(self.logprob_start_len, n, "logprob_start_len", int)
         tops = _per_prompt(self.top_logprobs_num, n, "top_logprobs_num", int)
+        images = _per_prompt_media(self.image_data, n, self.is_batch, "image_data")
+        videos = _per_prompt_media(self.video_data, n, self.is_batch, "video_data")
         out = []
         for i, prompt in enumerate(prompts):
             is_text = isinstance(prompt, str)
@@ -83,6 +98,8 @@ class GenerateReqInput:
                     top_logprobs_num=tops[i] if tops and tops[i] is not None else 0,
                     stream=self.stream,
                     return_text_in_logprobs=self.return_text_in_logprobs,
+                    image_data=images[i],
+                    video_data=videos[i],
                 )
             )
         return out
@@ -115,3 +132,21 @@ def _per_prompt(value: Any, n: int, name: str, kind: type) -> list[Any] | None:
         if v is not None and (not isinstance(v, kind) or (kind is int and isinstance(v, bool))):
             raise ValueError(f"'{name}' must be of type {kind.__name__}")
     return values
+
+
+def _per_prompt_media(value: Any, n: int, is_batch: bool, name: str) -> list[list[Any] | None]:
+    """Each prompt's media as a list (None for none): a batch takes a list with one entry
+    per prompt or one value for all; an entry is one source or a list of sources."""
+    if value is None:
+        return [None] * n
+    if is_batch and isinstance(value, list):
+        if len(value) != n:
+            raise ValueError(f"'{name}' has {len(value)} entries for {n} prompts")
+        entries = value
+    else:
+        entries = [value] * n
+    out: list[list[Any] | None] = []
+    for entry in entries:
+        items = list(entry) if isinstance(entry, list | tuple) else [entry]
+        out.append([x for x in items if x is not None] or None)
+    return out

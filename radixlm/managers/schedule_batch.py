@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from radixlm.managers.io_struct import FinishReason, LogprobEntry, TokenizedGenerateReq
+from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class Req:
         self.top_logprobs_num = tokenized.top_logprobs_num
         self.stream = tokenized.stream
         self.group_id = tokenized.group_id
+        self.mm_inputs: MultimodalInputs | None = tokenized.mm_inputs
         self.arrival_seq = arrival_seq
         self.arrival_time = time.monotonic()
         self.generator: torch.Generator | None = None
@@ -163,7 +165,8 @@ class StepPlan:
         return int(self.out_cache_loc.numel())
 
 
-InputLogprobs = tuple[list[LogprobEntry], list[list[LogprobEntry]]]
+# Per prompt position: its logprob (None at an image's pad tokens), and its top list.
+InputLogprobs = tuple[list[LogprobEntry | None], list[list[LogprobEntry]]]
 
 
 class ForwardResult(NamedTuple):

@@ -1,9 +1,11 @@
 """The TokenizerManager: the asyncio front of the engine.
 
 It validates and tokenizes requests, expands `n` into samples, sends them to
-the scheduler, and turns the detokenizer's text deltas into outputs. A caller
-that stops listening (a client that disconnects, a cancelled task) aborts its
-request, which frees its KV. If a child process dies, every pending and
+the scheduler, and turns the detokenizer's text deltas into outputs. Images
+and videos are loaded and preprocessed by its `mm_processor` in worker
+threads (a text-only model's refuses them). A caller that stops listening (a
+client that disconnects, a cancelled task) aborts its request, which frees
+its KV. If a child process dies, every pending and
 future request fails with `EngineDeadError` instead of hanging.
 """
 
@@ -34,6 +36,8 @@ from radixlm.managers.io_struct import (
 )
 from radixlm.managers.request_input import GenerateReqInput, SingleReq
 from radixlm.managers.validation import validate_request
+from radixlm.multimodal.mm_inputs import MultimodalInputs
+from radixlm.multimodal.processor import create_mm_processor
 from radixlm.utils import PortArgs
 
 logger = logging.getLogger(__name__)
@@ -68,6 +72,7 @@ class TokenizerManager:
         self.args = server_args
         self.model_dir = model_dir
         self.tokenizer = tokenizer or load_tokenizer(server_args.tokenizer_path or model_dir)
+        self.mm_processor = create_mm_processor(server_args, model_dir, self.tokenizer)
         self.ctx = zmq.asyncio.Context(1)
         self.to_scheduler = self.ctx.socket(zmq.PUSH)
         self.to_scheduler.connect(ports.scheduler_input)
@@ -105,10 +110,10 @@ class TokenizerManager:
         """
         self._check_alive()
         singles = obj.normalize()
-        prepared = [self._prepare(s) for s in singles]  # validate all before sending any
+        prepared = [await self._prepare(s) for s in singles]  # validate all before sending
         states: list[_SampleState] = []
-        for single, (input_ids, params) in zip(singles, prepared):
-            states.extend(self._send(single, input_ids, params, len(states)))
+        for single, (input_ids, params, mm_inputs) in zip(singles, prepared):
+            states.extend(self._send(single, input_ids, params, mm_inputs, len(states)))
         try:
             async for out in self._merge(states, obj.stream):
                 yield out
@@ -119,21 +124,23 @@ class TokenizerManager:
             for s in states:
                 self.states.pop(s.rid, None)
 
-    def _prepare(self, single: SingleReq) -> tuple[list[int], Any]:
+    async def _prepare(self, single: SingleReq
+                       ) -> tuple[list[int], Any, MultimodalInputs | None]:
         if single.input_ids is not None:
             input_ids = single.input_ids
         else:
             assert single.text is not None
             input_ids = self.tokenizer.encode(single.text)
-        params = validate_request(
-            single, input_ids, self.model_info.get("vocab_size", len(self.tokenizer)),
-            self.model_info.get("context_length", 1 << 30),
-            self.args.grammar_backend,
-        )
-        return input_ids, params
+        vocab_size = self.model_info.get("vocab_size", len(self.tokenizer))
+        context_len = self.model_info.get("context_length", 1 << 30)
+        input_ids, mm_inputs = await self.mm_processor.process(
+            input_ids, single.image_data or [], single.video_data or [], vocab_size, context_len)
+        params = validate_request(single, input_ids, vocab_size, context_len,
+                                  self.args.grammar_backend, mm_inputs)
+        return input_ids, params, mm_inputs
 
-    def _send(self, single: SingleReq, input_ids: list[int], params: Any, base: int
-              ) -> list[_SampleState]:
+    def _send(self, single: SingleReq, input_ids: list[int], params: Any,
+              mm_inputs: MultimodalInputs | None, base: int) -> list[_SampleState]:
         n = params.n
         group = f"{single.rid}-{uuid.uuid4().hex[:8]}" if n > 1 else None
         states = []
@@ -151,7 +158,7 @@ class TokenizerManager:
                 return_logprob=single.return_logprob,
                 logprob_start_len=single.logprob_start_len if single.return_logprob else -1,
                 top_logprobs_num=single.top_logprobs_num, stream=single.stream,
-                group_id=group, seed=seed,
+                group_id=group, seed=seed, mm_inputs=mm_inputs,
             ))
         return states
 
@@ -326,6 +333,7 @@ class TokenizerManager:
     def close(self) -> None:
         for t in self._tasks:
             t.cancel()
+        self.mm_processor.close()
         self.to_scheduler.close(linger=0)
         self.recv.close(linger=0)
         self.ctx.term()

@@ -7,6 +7,7 @@ HTTP layer turns it into a 400, the Engine raises it to the caller.
 from __future__ import annotations
 
 from radixlm.managers.request_input import SingleReq
+from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampling_params import SamplingParams
 
 MAX_TOP_LOGPROBS = 100
@@ -18,18 +19,25 @@ def validate_request(
     vocab_size: int,
     context_len: int,
     grammar_backend: str = "xgrammar",
+    mm_inputs: MultimodalInputs | None = None,
 ) -> SamplingParams:
     """Return the request's checked SamplingParams, or raise ValueError.
 
-    A grammar is only checked for kind here; whether it compiles is known in the
-    scheduler, which ends a request with a bad grammar with an HTTP 400.
+    Ids >= vocab_size are allowed only inside an image's or video's run of pad
+    values (`mm_inputs`). `max_new_tokens: None` means up to the end of the
+    context (chat requests without max_tokens). A grammar is only checked for
+    kind here; whether it compiles is known in the scheduler, which ends a
+    request with a bad grammar with an HTTP 400.
     """
     if not input_ids:
         raise ValueError("The prompt is empty")
-    bad = next((t for t in input_ids if not 0 <= t < vocab_size), None)
+    bad = _first_out_of_vocab(input_ids, vocab_size, mm_inputs)
     if bad is not None:
         raise ValueError(f"Token id {bad} is outside the vocabulary (size {vocab_size})")
-    params = SamplingParams.from_dict(single.sampling_params)
+    raw = single.sampling_params
+    if "max_new_tokens" in raw and raw["max_new_tokens"] is None:
+        raw = {**raw, "max_new_tokens": max(context_len - len(input_ids), 1)}
+    params = SamplingParams.from_dict(raw)
     params.verify(vocab_size)
     params.verify_grammar(grammar_backend)
     if len(input_ids) >= context_len:
@@ -53,3 +61,15 @@ def validate_request(
         if not 0 <= single.top_logprobs_num <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
     return params
+
+
+def _first_out_of_vocab(input_ids: list[int], vocab_size: int,
+                        mm_inputs: MultimodalInputs | None) -> int | None:
+    """The first id outside [0, vocab_size) that is not its item's pad value."""
+    items = mm_inputs.items if mm_inputs is not None else []
+    for pos, t in enumerate(input_ids):
+        if 0 <= t < vocab_size:
+            continue
+        if not any(it.offset <= pos < it.end and t == it.pad_value for it in items):
+            return t
+    return None

@@ -24,6 +24,7 @@ from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.model_loader.loader import load_model
+from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampler import SamplingBatchInfo, compute_logprobs, sample
 from radixlm.server_args import ServerArgs
 
@@ -129,6 +130,7 @@ class ModelRunner:
             extend_lens=[it.extend_len for it in plan.items],
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
             attn_backend=self.attn_backend,
+            mm_inputs=_mm_inputs(plan),
         )
         return batch, sample_rows, logprob_rows
 
@@ -183,13 +185,23 @@ class ModelRunner:
             start, end = logprob_rows[i]
             lo, hi = item.logprob_positions
             targets = item.req.origin_input_ids[lo + 1 : hi + 1]
+            # NOTE: an image's pad ids are >= vocab_size: scored as token 0, reported as None.
             lp = compute_logprobs(
                 logits[start:end],
-                torch.tensor(targets, dtype=torch.int64, device=logits.device),
+                torch.tensor([t if t < self.vocab_size else 0 for t in targets],
+                             dtype=torch.int64, device=logits.device),
                 [item.req.top_logprobs_num] * len(targets),
             )
-            input_lps[i] = (list(lp.token_logprobs), list(lp.top_logprobs))
+            token_lps_in: list[LogprobEntry | None] = [
+                e if t < self.vocab_size else None for e, t in zip(lp.token_logprobs, targets)]
+            input_lps[i] = (token_lps_in, list(lp.top_logprobs))
         return ForwardResult(next_ids, token_lps, top_lps, input_lps)
+
+
+def _mm_inputs(plan: StepPlan) -> list[MultimodalInputs | None] | None:
+    """Each item's images / videos, or None when the step has none (the text path)."""
+    mm = [item.req.mm_inputs for item in plan.items]
+    return mm if any(m is not None for m in mm) else None
 
 
 def _apply_grammar_masks(logits: torch.Tensor, reqs: list[Req], vocab_size: int) -> None:

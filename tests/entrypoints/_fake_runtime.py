@@ -5,8 +5,10 @@ real Hugging Face tokenizer built in memory (one token per byte, chatml
 template), so templates, encode and decode behave as with a real model. A
 sample "generates" the bytes of `REPLY` cycled, one token per `delay` seconds,
 honouring max_new_tokens, stop strings, logprobs and aborts; validation is the
-runtime's own (`validate_request`). Every request it was given is kept in
-`received`. Grammars are checked for kind only (`grammar_backend`), never applied.
+runtime's own (`validate_request`), and so is the multimodal processing
+(`mm_processor`: text-only by default, or a real one over a tiny LLaVA folder).
+Every request it was given is kept in `received`. Grammars are checked for
+kind only (`grammar_backend`), never applied.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from radixlm.managers.io_struct import FlushCacheOut
 from radixlm.managers.request_input import GenerateReqInput
 from radixlm.managers.tokenizer_manager import EngineDeadError
 from radixlm.managers.validation import validate_request
+from radixlm.multimodal.processor import BaseMultimodalProcessor, TextOnlyProcessor
 from radixlm.server_args import ServerArgs
 
 REPLY = "Hello world.\nThe end."
@@ -53,8 +56,11 @@ class _Sample:
 
 class FakeTokenizerManager:
     def __init__(self, tokenizer: Any, context_length: int = 256, delay: float = 0.0,
-                 grammar_backend: str = "xgrammar") -> None:
+                 grammar_backend: str = "xgrammar",
+                 mm_processor: BaseMultimodalProcessor | None = None) -> None:
         self.tokenizer = tokenizer
+        self.mm_processor = mm_processor or TextOnlyProcessor("fake-model")
+        self.prepared: list[tuple[list[int], Any]] = []  # (input_ids, mm_inputs) per prompt
         self.grammar_backend = grammar_backend
         self.received: list[GenerateReqInput] = []
         self.model_dir = "/fake/model"
@@ -76,11 +82,14 @@ class FakeTokenizerManager:
         self.received.append(obj)
         singles = obj.normalize()
         prepared = []
+        vocab, context = self.model_info["vocab_size"], self.model_info["context_length"]
         for s in singles:
             ids = s.input_ids if s.input_ids is not None else self.tokenizer.encode(s.text)
-            prepared.append((s, ids, validate_request(
-                s, ids, self.model_info["vocab_size"], self.model_info["context_length"],
-                self.grammar_backend)))
+            ids, mm = await self.mm_processor.process(ids, s.image_data or [],
+                                                      s.video_data or [], vocab, context)
+            self.prepared.append((ids, mm))
+            prepared.append((s, ids, validate_request(s, ids, vocab, context,
+                                                      self.grammar_backend, mm)))
         queue: asyncio.Queue = asyncio.Queue()
         tasks, rids = [], []
         base = 0
@@ -190,6 +199,7 @@ class FakeTokenizerManager:
 
     def close(self) -> None:
         self.closed = True
+        self.mm_processor.close()
 
 
 class FakeRuntime:

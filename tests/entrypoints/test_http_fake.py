@@ -157,11 +157,14 @@ def test_abort_all_ends_requests_with_abort(tokenizer: Any) -> None:
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "continue_final_message": True}, ["assistant"]),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, ["image"]),
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+     ["fake-model has no vision support"]),
     ("/generate", {"text": "hi", "sampling_params": {"bogus": 1}}, ["bogus"]),
     ("/generate", {"text": "hi", "input_ids": [1]}, ["Exactly one"]),
     ("/generate", {"txt": "hi"}, ["txt"]),
-    ("/generate", {"text": "hi", "image_data": "http://x/y.png"}, ["image_data"]),
+    ("/generate", {"text": "hi", "image_data": "http://x/y.png"},
+     ["fake-model has no vision support"]),
+    ("/generate", {"text": "hi", "video_data": [["a.png"]]}, ["no vision support", "video"]),
     ("/v1/detokenize", {"tokens": [1, -5]}, ["vocabulary"]),
 ])
 def test_bad_input_is_400(client: TestClient, path: str, body: Any, words: list[str]) -> None:

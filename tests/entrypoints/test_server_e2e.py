@@ -197,6 +197,10 @@ BAD_REQUESTS: list[tuple[str, Any, str]] = [
     ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
     ("/generate", {"text": 5}, "text"),
     ("/generate", {"input_ids": [[]]}, "empty"),
+    ("/generate", {"text": "<image> hi", "image_data": "aGk="}, "has no vision support"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}}]}]},
+     "The model SmolLM2-135M-Instruct has no vision support"),
 ]
 
 

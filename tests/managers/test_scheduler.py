@@ -144,6 +144,33 @@ def test_prefix_hit_is_reported_and_reused() -> None:
     assert req is None or req.num_cached_tokens == len(p) - 1
 
 
+def test_images_share_the_cache_only_when_identical() -> None:
+    """Pad ids stand for an image: the same image reuses its KV, another one does not."""
+    import torch
+
+    from radixlm.multimodal.mm_inputs import MultimodalInputs, MultimodalItem, pad_value_for
+
+    def image_prompt(content_hash: int) -> tuple[list[int], MultimodalInputs]:
+        pad = pad_value_for(content_hash, VOCAB)
+        item = MultimodalItem("image", content_hash, pad, 2, 6, torch.zeros(3, 2, 2))
+        return [5, 6] + [pad] * 6 + [7, 8], MultimodalInputs([item])
+
+    s = make_scheduler()
+    cached: dict[str, int] = {}
+    for rid, content_hash in (("a", 11), ("b", 11), ("c", 12)):
+        ids, mm = image_prompt(content_hash)
+        sp = SamplingParams(max_new_tokens=3, temperature=0.0)
+        s.add_request(TokenizedGenerateReq(rid=rid, input_ids=ids, sampling_params=sp,
+                                           mm_inputs=mm))
+        assert s.waiting[-1].mm_inputs is mm
+        while s.has_work:
+            for out in s.step():
+                if out.finished_reason is not None:
+                    cached[rid] = out.cached_tokens
+        assert run_all(s) == {}
+    assert cached == {"a": 0, "b": 9, "c": 2}
+
+
 def test_parallel_samples_share_the_prompt() -> None:
     s = make_scheduler()
     p = list(range(1, 50))

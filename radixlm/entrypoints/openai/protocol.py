@@ -69,12 +69,13 @@ class _SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
-        """The runtime's sampling_params dict for this request."""
+    def sampling_params(self, max_new_tokens: int | None) -> dict[str, Any]:
+        """The runtime's sampling_params dict for this request (max_new_tokens None: up
+        to the end of the context)."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         params: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
-            "min_new_tokens": min(self.min_tokens, max_new_tokens),
+            "min_new_tokens": min(self.min_tokens, max_new_tokens or self.min_tokens),
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
@@ -121,8 +122,9 @@ class CompletionRequest(_SamplingRequest):
 
 
 class ImageURL(BaseModel):
-    url: str
-    detail: str | None = None
+    url: str  # http(s) URL, data URL, base64, or a path under --allowed-local-media-path
+    # NOTE: accepted for compatibility; the model's processor decides the resolution.
+    detail: Literal["auto", "low", "high"] | None = None
 
 
 class TextPart(BaseModel):
@@ -133,9 +135,20 @@ class TextPart(BaseModel):
 class ImagePart(BaseModel):
     type: Literal["image_url"]
     image_url: ImageURL
+    # SGLang's hint: "video" makes the URL a video file (as a video_url part would).
+    modalities: Literal["image", "multi-images", "video"] | None = None
 
 
-ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+class VideoURL(BaseModel):
+    url: str | list[str] = Field(min_length=1)  # a video file, or its frames (image sources)
+
+
+class VideoPart(BaseModel):
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
+ContentPart = Annotated[TextPart | ImagePart | VideoPart, Field(discriminator="type")]
 
 
 class ChatMessage(BaseModel):
@@ -166,6 +179,8 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's output modalities (only text here) and SGLang's input hints.
+    modalities: list[Literal["text", "image", "multi-images", "video"]] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:

@@ -1,11 +1,8 @@
 """POST /v1/chat/completions: messages → chat template → native generate → choices.
 
-- Messages become the plain dicts Hugging Face templates expect: text content
-  parts are joined into one string; image parts are refused (this model takes
-  text only); "developer" is sent as "system".
-- The prompt is the rendered template, tokenized without adding special
-  tokens (the template already holds them). Without max_tokens a reply may
-  run to the end of the context.
+- Messages → prompt ids plus their images and videos: see chat_prompt.py;
+  the media travel to the runtime as `image_data` / `video_data`. Without
+  max_tokens a reply may run to the end of the context.
 - Streaming: each choice's first chunk carries `role`, later chunks the new
   content, and its last chunk the one `finish_reason` (and `matched_stop`);
   `stream_options.include_usage` adds a final chunk with `usage` and no choices.
@@ -20,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixlm.chat_template import render_chat, template_stop_ids
+from radixlm.chat_template import template_stop_ids
 from radixlm.entrypoints.http_utils import (
     SSE_DONE,
     aclose,
@@ -32,13 +29,13 @@ from radixlm.entrypoints.http_utils import (
     sse_error,
     sse_response,
 )
+from radixlm.entrypoints.openai.chat_prompt import build_chat_prompt
 from radixlm.entrypoints.openai.errors import APIError, JSONResponse
 from radixlm.entrypoints.openai.protocol import (
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatLogprobs,
-    ChatMessage,
     ChatResponseMessage,
 )
 from radixlm.entrypoints.openai.utils import (
@@ -53,51 +50,21 @@ from radixlm.entrypoints.server_state import ServerState
 from radixlm.managers.request_input import GenerateReqInput
 
 
-def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """The messages as template input; raise APIError for content the model cannot take."""
-    out = []
-    for i, m in enumerate(messages):
-        d = m.model_dump(exclude_none=True)
-        if m.role == "developer":
-            d["role"] = "system"
-        if isinstance(m.content, list):
-            if any(p.type != "text" for p in m.content):
-                raise APIError("This model accepts text only; image content is not supported",
-                               param=f"messages.{i}.content")
-            d["content"] = "\n".join(p.text for p in m.content if p.type == "text")
-        d.setdefault("content", "")
-        out.append(d)
-    return out
-
-
-def build_chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
-    """Token ids of the templated conversation; raise APIError(400) on a template error."""
-    tm = state.tm
-    assert state.chat_template is not None
-    try:
-        text = render_chat(state.chat_template, tm.tokenizer, message_dicts(req.messages),
-                           add_generation_prompt=req.add_generation_prompt,
-                           continue_final_message=req.continue_final_message,
-                           tools=req.tools, template_kwargs=req.chat_template_kwargs)
-    except ValueError as e:
-        raise APIError(str(e), param="messages") from e
-    return list(tm.tokenizer.encode(text, add_special_tokens=False))
-
-
 async def create_chat_completion(request: Request, state: ServerState) -> Response:
     tm = state.engine()
     req = await parse_body(request, ChatCompletionRequest)
-    input_ids = build_chat_prompt(state, req)
-    max_new = req.max_new_tokens or max(1, state.context_length - len(input_ids))
-    params = req.sampling_params(max_new)
+    prompt = build_chat_prompt(state, req)
+    # None: to the end of the context, known in the runtime once images are expanded.
+    params = req.sampling_params(req.max_new_tokens)
     assert state.chat_template is not None
     stop_ids, stop_strs = template_stop_ids(state.chat_template, tm.tokenizer)
     params["stop_token_ids"] = sorted(set(params["stop_token_ids"]) | set(stop_ids))
     params["stop"] = params["stop"] + [s for s in stop_strs if s not in params["stop"]]
     obj = GenerateReqInput(
-        input_ids=input_ids, sampling_params=params, rid=batch_rids(req.rid, "chatcmpl", 1)[0],
-        return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0,
-        stream=req.stream,
+        input_ids=prompt.input_ids, sampling_params=params,
+        rid=batch_rids(req.rid, "chatcmpl", 1)[0], return_logprob=req.logprobs,
+        top_logprobs_num=req.top_logprobs or 0, stream=req.stream,
+        image_data=prompt.image_data or None, video_data=prompt.video_data or None,
     )
     translator = _Translator(req, tm.tokenizer, state.model_name)
     if not req.stream:
