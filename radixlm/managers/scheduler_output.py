@@ -73,6 +73,10 @@ class OutputProcessor:
             req.grammar.accept_token(token_id)
         except GrammarError as e:  # the mask allowed it, so this is a backend bug
             logger.error("Grammar of %s rejected sampled token %d: %s", req.rid, token_id, e)
+            req.output_ids.pop()  # never show output that breaks the grammar
+            if req.return_logprob:
+                req.output_token_logprobs.pop()
+                req.output_top_logprobs.pop()
             return FinishReason("abort", message=f"Internal grammar error: {e}", status_code=500)
         if req.grammar.is_terminated():
             return FinishReason("stop", matched=token_id)

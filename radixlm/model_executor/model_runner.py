@@ -9,6 +9,7 @@ returns plain Python results.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -26,6 +27,7 @@ from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.model_loader.loader import load_model
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampler import SamplingBatchInfo, compute_logprobs, sample
+from radixlm.sampling.sampling_params import SamplingParams
 from radixlm.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -158,7 +160,7 @@ class ModelRunner:
                 self.grammar_mask_seconds += time.perf_counter() - start
                 self.num_grammar_mask_steps += 1
             info = SamplingBatchInfo.from_params(
-                [r.sampling_params for r in reqs],
+                [_effective_params(r) for r in reqs],
                 [r.output_ids for r in reqs],
                 [r.generator for r in reqs],
                 self.vocab_size,
@@ -202,6 +204,15 @@ def _mm_inputs(plan: StepPlan) -> list[MultimodalInputs | None] | None:
     """Each item's images / videos, or None when the step has none (the text path)."""
     mm = [item.req.mm_inputs for item in plan.items]
     return mm if any(m is not None for m in mm) else None
+
+
+def _effective_params(req: Req) -> SamplingParams:
+    """The request's sampling params, except that a grammar decides where the output may
+    end: min_new_tokens must not ban EOS where the grammar allows nothing else."""
+    params = req.sampling_params
+    if req.grammar is not None and params.min_new_tokens > 0:
+        return dataclasses.replace(params, min_new_tokens=0)
+    return params
 
 
 def _apply_grammar_masks(logits: torch.Tensor, reqs: list[Req], vocab_size: int) -> None:

@@ -108,6 +108,14 @@ def test_n_greater_than_1_and_logprobs_with_grammar(jf_on: Engine) -> None:
     _check_kv(jf_on)
 
 
+def test_min_new_tokens_yields_to_the_grammar(jf_on: Engine) -> None:
+    # The grammar ends after 1-2 tokens; min_new_tokens must not ban the EOS it requires.
+    out = jf_on.generate("Answer:", {"regex": "(yes|no)", "min_new_tokens": 8,
+                                     "max_new_tokens": 16})
+    assert out["text"] in ("yes", "no")
+    assert out["meta_info"]["finish_reason"]["type"] == "stop"
+
+
 def test_abort_constrained_stream(jf_on: Engine) -> None:
     params = {"regex": "[a-z ]{200}", "temperature": 1.0, "max_new_tokens": 200}
     stream = jf_on.generate("Letters:", params, stream=True, rid="grammar-abort")

@@ -156,3 +156,32 @@ def test_grammars_disabled_rejects() -> None:
     submit(s, "g", [1, 2, 3], regex="(a|b)")
     out = s.step()[0]
     assert out.finished_reason is not None and out.finished_reason.status_code == 400
+
+
+class RejectingGrammar(ForcingGrammar):
+    """Rejects its third token (a backend bug: the mask allowed it)."""
+
+    def accept_token(self, token_id: int) -> None:
+        if len(self.accepted) == 2:
+            raise GrammarError(f"Token {token_id} is not allowed by the grammar")
+        super().accept_token(token_id)
+
+    def try_jump_forward(self) -> str | None:
+        return None
+
+
+def test_rejected_token_is_not_shown_and_request_aborts() -> None:
+    s = make_scheduler()
+    submit(s, "g", [3, 4, 5], max_new_tokens=10)
+    s.waiting[-1].grammar = RejectingGrammar()  # type: ignore[assignment]
+    tokens: list[int] = []
+    reason = None
+    for _ in range(20):
+        for out in s.step():
+            tokens.extend(out.new_token_ids)
+            reason = out.finished_reason or reason
+        if reason is not None:
+            break
+    assert reason is not None and reason.type == "abort" and reason.status_code == 500
+    assert len(tokens) == 2
+    s.check_integrity()
