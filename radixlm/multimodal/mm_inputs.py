@@ -24,9 +24,13 @@ for every item; items do not overlap and are sorted by offset.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# NOTE: no torch import at run time: io_struct imports this module, and the
+# detokenizer process would otherwise pay seconds of start-up for torch.
 
 # Pad values live above the vocabulary: vocab_size + (hash mod PAD_VALUE_RANGE).
 PAD_VALUE_RANGE = 1 << 30
@@ -68,6 +72,8 @@ def pad_value_for(content_hash: int, vocab_size: int) -> int:
 def hash_tensor(t: torch.Tensor) -> int:
     """A 64-bit content hash of a tensor's bytes (dtype and shape included)."""
     import hashlib
+
+    import torch
 
     data = t.detach().cpu().contiguous()
     h = hashlib.blake2b(digest_size=8)
