@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -42,3 +44,12 @@ def configure_logging(level: str = "info", prefix: str = "") -> None:
 def parent_alive(parent_pid: int) -> bool:
     """True while the process that started us is still our parent."""
     return os.getppid() == parent_pid
+
+
+def resolve_lazy(entry: Any) -> Any:
+    """A registry entry: the object itself, or a "module:Name" string imported now
+    (registries name their classes this way so a lookup imports only what it uses)."""
+    if not isinstance(entry, str):
+        return entry
+    module_name, _, name = entry.partition(":")
+    return getattr(importlib.import_module(module_name), name)

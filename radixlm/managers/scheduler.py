@@ -136,8 +136,8 @@ class Scheduler:
             num_steps=self.num_steps,
             new_token_ratio=round(self.new_token_ratio.value, 4),
             context_length=self.runner.context_len,
-            grammar_mask_seconds_total=round(getattr(self.runner, "grammar_mask_seconds", 0.0), 6),
-            num_grammar_mask_steps=getattr(self.runner, "num_grammar_mask_steps", 0),
+            grammar_mask_seconds_total=round(self.runner.grammar_mask_seconds, 6),
+            num_grammar_mask_steps=self.runner.num_grammar_mask_steps,
         )
         info.update(self.output.stats())
         return ServerInfoOut(info)

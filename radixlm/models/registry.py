@@ -6,10 +6,10 @@ looking up one architecture does not import every model.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from radixlm.models.base import CausalLM
+from radixlm.utils import resolve_lazy
 
 _MODELS: dict[str, str | type[CausalLM]] = {
     "LlamaForCausalLM": "radixlm.models.llama:LlamaForCausalLM",
@@ -33,10 +33,7 @@ def supported_architectures() -> list[str]:
 
 
 def _resolve(entry: str | type[CausalLM]) -> type[CausalLM]:
-    if not isinstance(entry, str):
-        return entry
-    module_name, _, class_name = entry.partition(":")
-    cls: type[CausalLM] = getattr(importlib.import_module(module_name), class_name)
+    cls: type[CausalLM] = resolve_lazy(entry)
     return cls
 
 

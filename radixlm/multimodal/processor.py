@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -45,6 +44,7 @@ from radixlm.multimodal.mm_inputs import (
     hash_tensor,
     pad_value_for,
 )
+from radixlm.utils import resolve_lazy
 
 logger = logging.getLogger(__name__)
 
@@ -328,10 +328,7 @@ def create_mm_processor(args: Any, model_dir: str, tokenizer: Any) -> BaseMultim
 
 
 def _resolve(entry: str | type[HFMultimodalProcessor]) -> type[HFMultimodalProcessor]:
-    if not isinstance(entry, str):
-        return entry
-    module_name, _, class_name = entry.partition(":")
-    cls: type[HFMultimodalProcessor] = getattr(importlib.import_module(module_name), class_name)
+    cls: type[HFMultimodalProcessor] = resolve_lazy(entry)
     return cls
 
 

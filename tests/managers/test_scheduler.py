@@ -46,6 +46,8 @@ class FakeRunner:
         self.vocab_size = VOCAB
         self.config = None
         self.num_forward_tokens = 0
+        self.grammar_mask_seconds = 0.0
+        self.num_grammar_mask_steps = 0
 
     def forward(self, plan: StepPlan) -> ForwardResult:
         n = len(plan.items)
