@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 TARGETS = {
-    "scheduler": "radixlm.managers.scheduler_process:run_scheduler_process",
-    "detokenizer": "radixlm.managers.detokenizer_manager:run_detokenizer_process",
+    "scheduler": "radixlm.scheduler.process:run_scheduler_process",
+    "detokenizer": "radixlm.detokenizer.detokenizer_manager:run_detokenizer_process",
 }
 
 

@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from radixlm.entrypoints.launch import launch_children, make_is_alive, stop_children
-from radixlm.managers.request_input import GenerateReqInput
-from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
 from radixlm.server_args import ServerArgs
+from radixlm.tokenizer.request_input import GenerateReqInput
+from radixlm.tokenizer.tokenizer_manager import EngineDeadError, TokenizerManager
 
 _DONE = object()
 

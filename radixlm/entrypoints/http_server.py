@@ -55,7 +55,7 @@ class ProcessRuntime:
     @classmethod
     async def start(cls, args: ServerArgs) -> ProcessRuntime:
         from radixlm.entrypoints.launch import launch_children, make_is_alive, stop_children
-        from radixlm.managers.tokenizer_manager import TokenizerManager
+        from radixlm.tokenizer.tokenizer_manager import TokenizerManager
         from radixlm.tokenizer_utils import load_tokenizer
 
         model_dir, ports, procs = await asyncio.to_thread(launch_children, args)

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from radixlm.entrypoints.openai.errors import APIError, ClientDisconnected, validation_error
-from radixlm.managers.tokenizer_manager import EngineDeadError
+from radixlm.tokenizer.tokenizer_manager import EngineDeadError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 T = TypeVar("T")

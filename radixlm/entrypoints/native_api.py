@@ -43,8 +43,8 @@ from radixlm.entrypoints.http_utils import (
 )
 from radixlm.entrypoints.openai.errors import APIError, JSONResponse
 from radixlm.entrypoints.server_state import ServerState
-from radixlm.managers.request_input import GenerateReqInput
 from radixlm.metrics import CONTENT_TYPE
+from radixlm.tokenizer.request_input import GenerateReqInput
 
 router = APIRouter()
 

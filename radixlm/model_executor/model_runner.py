@@ -16,10 +16,9 @@ import time
 
 import torch
 
+from radixlm.io_struct import LogprobEntry
 from radixlm.layers.attention import create_attention_backend
 from radixlm.layers.cpu_gemm import prepack_model
-from radixlm.managers.io_struct import LogprobEntry
-from radixlm.managers.schedule_batch import ForwardResult, InputLogprobs, Req, StepPlan
 from radixlm.mem_cache import create_prefix_cache
 from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
@@ -28,6 +27,7 @@ from radixlm.model_loader.loader import load_model
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampler import SamplingBatchInfo, compute_logprobs, sample
 from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.scheduler.request import ForwardResult, InputLogprobs, Req, StepPlan
 from radixlm.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

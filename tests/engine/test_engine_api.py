@@ -9,7 +9,7 @@ import time
 import pytest
 
 from radixlm import Engine
-from radixlm.managers.tokenizer_manager import EngineDeadError
+from radixlm.tokenizer.tokenizer_manager import EngineDeadError
 
 PROMPT = "Once upon a time, in a small village,"
 GREEDY = {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True}

@@ -20,12 +20,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.managers.io_struct import FlushCacheOut
-from radixlm.managers.request_input import GenerateReqInput
-from radixlm.managers.tokenizer_manager import EngineDeadError
-from radixlm.managers.validation import validate_request
+from radixlm.io_struct import FlushCacheOut
 from radixlm.multimodal.processor import BaseMultimodalProcessor, TextOnlyProcessor
 from radixlm.server_args import ServerArgs
+from radixlm.tokenizer.request_input import GenerateReqInput
+from radixlm.tokenizer.tokenizer_manager import EngineDeadError
+from radixlm.tokenizer.validation import validate_request
 
 REPLY = "Hello world.\nThe end."
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"

@@ -14,9 +14,9 @@ from _fake_runtime import FakeTokenizerManager, byte_tokenizer, fake_starter
 from starlette.testclient import TestClient
 
 from radixlm.entrypoints.http_server import create_app
-from radixlm.managers.request_input import GenerateReqInput
 from radixlm.sampling.sampling_params import GRAMMAR_PARAMS, TOO_MANY_GRAMMARS
 from radixlm.server_args import ServerArgs
+from radixlm.tokenizer.request_input import GenerateReqInput
 
 ROUTES = {"chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
           "completions": ("/v1/completions", {"prompt": "hi"})}

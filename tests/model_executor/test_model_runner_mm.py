@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.managers.io_struct import TokenizedGenerateReq
-from radixlm.managers.schedule_batch import Req, ScheduledReq, StepPlan
+from radixlm.io_struct import TokenizedGenerateReq
 from radixlm.model_executor.model_runner import ModelRunner, _mm_inputs
 from radixlm.multimodal.mm_inputs import MultimodalInputs, MultimodalItem, pad_value_for
 from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.scheduler.request import Req, ScheduledReq, StepPlan
 
 VOCAB = 10
 

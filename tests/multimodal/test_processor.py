@@ -18,8 +18,6 @@ import torch
 from _tiny_llava import NUM_LLAVA_TOKENS, build_processor_dir, data_url, png_bytes
 from transformers import AutoProcessor, AutoTokenizer
 
-from radixlm.managers.request_input import SingleReq
-from radixlm.managers.validation import validate_request
 from radixlm.multimodal.mm_inputs import PAD_VALUE_RANGE, MultimodalInputs
 from radixlm.multimodal.processor import (
     HFMultimodalProcessor,
@@ -27,6 +25,8 @@ from radixlm.multimodal.processor import (
     create_mm_processor,
 )
 from radixlm.server_args import ServerArgs
+from radixlm.tokenizer.request_input import SingleReq
+from radixlm.tokenizer.validation import validate_request
 
 RED = data_url(png_bytes((40, 30), (255, 0, 0)))
 BLUE = data_url(png_bytes((40, 30), (0, 0, 255)))

@@ -47,7 +47,7 @@ from radixlm.entrypoints.openai.utils import (
     num_output_logprobs,
 )
 from radixlm.entrypoints.server_state import ServerState
-from radixlm.managers.request_input import GenerateReqInput
+from radixlm.tokenizer.request_input import GenerateReqInput
 
 
 async def create_chat_completion(request: Request, state: ServerState) -> Response:

@@ -46,7 +46,7 @@ from radixlm.entrypoints.openai.utils import (
     num_output_logprobs,
 )
 from radixlm.entrypoints.server_state import ServerState
-from radixlm.managers.request_input import GenerateReqInput
+from radixlm.tokenizer.request_input import GenerateReqInput
 
 
 def tokenize_prompts(prompt: Any, tokenizer: Any) -> list[tuple[str, list[int]]]:

@@ -12,10 +12,10 @@ from typing import Any
 
 import zmq
 
-from radixlm.managers.io_struct import AbortReq, TokenizedGenerateReq
-from radixlm.managers.request_input import GenerateReqInput
-from radixlm.managers.tokenizer_manager import TokenizerManager
+from radixlm.io_struct import AbortReq, TokenizedGenerateReq
 from radixlm.server_args import ServerArgs
+from radixlm.tokenizer.request_input import GenerateReqInput
+from radixlm.tokenizer.tokenizer_manager import TokenizerManager
 from radixlm.utils import PortArgs
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multimodal"))

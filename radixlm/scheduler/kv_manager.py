@@ -12,9 +12,9 @@ from collections.abc import Iterable
 
 import torch
 
-from radixlm.managers.schedule_batch import Req
 from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixlm.scheduler.request import Req
 
 
 class KVManager:

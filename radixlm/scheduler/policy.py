@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from radixlm.managers.schedule_batch import Req
+from radixlm.scheduler.request import Req
 
 POLICIES = ("fcfs", "lpm")
 

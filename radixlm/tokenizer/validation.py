@@ -6,9 +6,9 @@ HTTP layer turns it into a 400, the Engine raises it to the caller.
 
 from __future__ import annotations
 
-from radixlm.managers.request_input import SingleReq
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.tokenizer.request_input import SingleReq
 
 MAX_TOP_LOGPROBS = 100
 

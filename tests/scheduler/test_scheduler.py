@@ -13,13 +13,13 @@ import random
 
 import pytest
 
-from radixlm.managers.io_struct import AbortReq, TokenizedGenerateReq
-from radixlm.managers.schedule_batch import ForwardResult, StepPlan
-from radixlm.managers.scheduler import Scheduler
+from radixlm.io_struct import AbortReq, TokenizedGenerateReq
 from radixlm.mem_cache.chunk_cache import ChunkCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.mem_cache.radix_cache import RadixCache
 from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.scheduler.request import ForwardResult, StepPlan
+from radixlm.scheduler.scheduler import Scheduler
 from radixlm.server_args import ServerArgs
 
 VOCAB = 97

@@ -16,7 +16,7 @@ from typing import Any
 
 import zmq
 
-from radixlm.managers.io_struct import (
+from radixlm.io_struct import (
     AbortReq,
     BatchTokenIDOut,
     FlushCacheReq,
@@ -55,9 +55,9 @@ def run_scheduler_process(server_args: Any, model_dir: str, ports: PortArgs) -> 
 def _build_scheduler(server_args: Any, model_dir: str) -> Any:
     import torch
 
-    from radixlm.managers.grammar_manager import GrammarManager
-    from radixlm.managers.scheduler import Scheduler
     from radixlm.model_executor.model_runner import ModelRunner
+    from radixlm.scheduler.grammar_manager import GrammarManager
+    from radixlm.scheduler.scheduler import Scheduler
     from radixlm.tokenizer_utils import load_decode_tokenizer
 
     torch.manual_seed(server_args.random_seed)  # the RNG of requests that give no seed

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from radixlm.managers.jump_forward import MAX_RETOKENIZE_TOKENS, plan_jump
+from radixlm.scheduler.jump_forward import MAX_RETOKENIZE_TOKENS, plan_jump
 
 
 @pytest.fixture(scope="module")

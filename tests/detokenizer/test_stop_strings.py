@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import random
 
-from radixlm.managers.stop_strings import (
+from radixlm.detokenizer.stop_strings import (
     find_stop_string,
     partial_stop_len,
     safe_stream_len,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from radixlm.managers.io_struct import FinishReason, TokenOut
-from radixlm.managers.schedule_batch import ForwardResult, Req, StepPlan
-from radixlm.managers.stop_strings import find_stop_string
+from radixlm.detokenizer.stop_strings import find_stop_string
+from radixlm.io_struct import FinishReason, TokenOut
+from radixlm.scheduler.request import ForwardResult, Req, StepPlan
 from radixlm.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from radixlm.managers.io_struct import FinishReason, LogprobEntry, TokenizedGenerateReq
+from radixlm.io_struct import FinishReason, LogprobEntry, TokenizedGenerateReq
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampling_params import SamplingParams
 

@@ -2,8 +2,8 @@
 
 It owns the requests, the memory pools and the prefix cache (through
 `KVManager`), and the model runner. `schedule()` explains the step algorithm;
-finishing and output messages live in `scheduler_output.py`; the process
-entry point and the ZMQ loop live in `scheduler_process.py`.
+finishing and output messages live in `output_processor.py`; the process
+entry point and the ZMQ loop live in `process.py`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from radixlm.managers.grammar_manager import GrammarManager
-from radixlm.managers.io_struct import (
+from radixlm.io_struct import (
     AbortReq,
     FinishReason,
     FlushCacheOut,
@@ -21,11 +20,12 @@ from radixlm.managers.io_struct import (
     TokenizedGenerateReq,
     TokenOut,
 )
-from radixlm.managers.jump_forward import JumpForward
-from radixlm.managers.kv_manager import KVManager
-from radixlm.managers.schedule_batch import Req, ScheduledReq, StepPlan
-from radixlm.managers.schedule_policy import NewTokenRatio, order_waiting
-from radixlm.managers.scheduler_output import OutputProcessor
+from radixlm.scheduler.grammar_manager import GrammarManager
+from radixlm.scheduler.jump_forward import JumpForward
+from radixlm.scheduler.kv_manager import KVManager
+from radixlm.scheduler.output_processor import OutputProcessor
+from radixlm.scheduler.policy import NewTokenRatio, order_waiting
+from radixlm.scheduler.request import Req, ScheduledReq, StepPlan
 from radixlm.server_args import ServerArgs
 
 if TYPE_CHECKING:

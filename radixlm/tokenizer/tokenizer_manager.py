@@ -22,7 +22,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from radixlm.managers.io_struct import (
+from radixlm.io_struct import (
     AbortReq,
     BatchStrOut,
     FlushCacheOut,
@@ -34,10 +34,10 @@ from radixlm.managers.io_struct import (
     StrOut,
     TokenizedGenerateReq,
 )
-from radixlm.managers.request_input import GenerateReqInput, SingleReq
-from radixlm.managers.validation import validate_request
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.multimodal.processor import create_mm_processor
+from radixlm.tokenizer.request_input import GenerateReqInput, SingleReq
+from radixlm.tokenizer.validation import validate_request
 from radixlm.utils import PortArgs
 
 logger = logging.getLogger(__name__)

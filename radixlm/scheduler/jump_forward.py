@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from radixlm.managers.schedule_batch import Req
+from radixlm.scheduler.request import Req
 
 if TYPE_CHECKING:
     from radixlm.constrained.base_grammar_backend import BaseGrammarObject
-    from radixlm.managers.kv_manager import KVManager
+    from radixlm.scheduler.kv_manager import KVManager
 
 MAX_RETOKENIZE_TOKENS = 8  # how far back the tail may be retokenized
 NUM_CONTEXT_TOKENS = 4  # tokens before the tail decoded to check the text is unchanged

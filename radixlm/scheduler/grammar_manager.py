@@ -19,7 +19,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from radixlm.managers.schedule_batch import Req
+from radixlm.scheduler.request import Req
 
 if TYPE_CHECKING:
     from radixlm.constrained.base_grammar_backend import BaseGrammarBackend, GrammarError

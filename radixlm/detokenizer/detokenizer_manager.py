@@ -18,9 +18,9 @@ from typing import Any
 
 import zmq
 
-from radixlm.managers.incremental_detokenizer import DecodeState, IncrementalDetokenizer
-from radixlm.managers.io_struct import BatchStrOut, BatchTokenIDOut, ProcessError, StrOut, TokenOut
-from radixlm.managers.stop_strings import safe_stream_len, trim_at_stop
+from radixlm.detokenizer.incremental_detokenizer import DecodeState, IncrementalDetokenizer
+from radixlm.detokenizer.stop_strings import safe_stream_len, trim_at_stop
+from radixlm.io_struct import BatchStrOut, BatchTokenIDOut, ProcessError, StrOut, TokenOut
 from radixlm.utils import PortArgs, configure_logging, parent_alive
 
 logger = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from test_scheduler import FakeTokenizer, make_scheduler, run_all, submit
 
 from radixlm.constrained.base_grammar_backend import GrammarError
 from radixlm.constrained.grammar_cache import PollResult
-from radixlm.managers.grammar_manager import GrammarManager
-from radixlm.managers.io_struct import AbortReq
-from radixlm.managers.scheduler import Scheduler
+from radixlm.io_struct import AbortReq
+from radixlm.scheduler.grammar_manager import GrammarManager
+from radixlm.scheduler.scheduler import Scheduler
 from radixlm.server_args import ServerArgs
 
 FORCED = "bcd"  # never "a": FakeTokenizer.encode("a") is the EOS id

@@ -1,0 +1,1 @@
+"""The detokenizer process: incremental detokenizing and stop strings."""

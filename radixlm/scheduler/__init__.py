@@ -1,0 +1,1 @@
+"""The scheduler process: requests, step plans, KV, policy, grammars, jump-forward, outputs."""

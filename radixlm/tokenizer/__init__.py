@@ -1,0 +1,1 @@
+"""The HTTP-process side: TokenizerManager, request normalization, validation."""
