@@ -4,7 +4,7 @@
                             images and videos in `image_data` / `video_data`
     GET  /health            200 while serving, 503 while loading, draining or dead
     GET  /health_generate   generates one token (503 if the scheduler is dead or stuck)
-    GET  /get_model_info    model path, context length, vocabulary, ...
+    GET  /get_model_info    model path, context length, vocabulary, image/video input, ...
     GET  /get_server_info   server args + scheduler state (free/used KV tokens, ...)
     POST /flush_cache       empty the prefix cache (400 while requests run)
     POST /abort_request     {"rid": ...} or {"abort_all": true}
@@ -178,6 +178,9 @@ async def get_model_info(request: Request) -> Response:
         "served_model_name": state.model_name,
         "is_generation": True,
         "chat_template": state.chat_template.name if state.chat_template else None,
+        # SGLang's name; the playground shows its image control only when it is true.
+        "has_image_understanding": tm.mm_processor.image_token is not None,
+        "has_video_understanding": tm.mm_processor.video_token is not None,
         **tm.model_info,
     })
 

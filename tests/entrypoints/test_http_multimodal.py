@@ -102,6 +102,13 @@ def test_chat_with_a_data_url_image(served: Any) -> None:
     assert usage["prompt_tokens"] == len(tm.prepared[-1][0])  # counted after expansion
 
 
+def test_model_info_reports_image_understanding(served: Any) -> None:
+    client, _ = served
+    info = client.get("/get_model_info").json()
+    assert info["has_image_understanding"] is True  # the playground shows its image control
+    assert info["has_video_understanding"] is False  # LLaVA-1.5 takes no video
+
+
 def test_two_images_and_multi_turn(served: Any) -> None:
     client, tm = served
     r = _chat(client, [_user("Compare", _image(RED), _image(BLUE))])

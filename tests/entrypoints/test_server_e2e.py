@@ -313,3 +313,26 @@ def test_request_too_large(server: ServerProcess) -> None:
     r = httpx.post(server.url + "/generate", content=b"x" * (33 * 1024 * 1024),
                    headers={**AUTH, "Content-Type": "application/json"})
     assert r.status_code == 413
+
+
+def test_usage_counts_jump_forward_tokens(oai: Any) -> None:
+    """radixlm's usage extra, from the real runtime: a regex with one continuation is
+    appended by jump-forward, and a continuous-usage stream reports it as it grows."""
+    regex = r'\{"answer": "(yes|no)", "sure": (true|false)\}'
+    messages = [{"role": "user", "content": "Is the sky blue? Answer in JSON."}]
+    r = oai.chat.completions.create(model="default", messages=messages, max_tokens=24,
+                                    temperature=0, extra_body={"regex": regex})
+    usage = r.usage.model_dump()
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    assert 0 < usage["completion_tokens_details"]["jump_forward_tokens"] < usage[
+        "completion_tokens"]
+    chunks = list(oai.chat.completions.create(
+        model="default", messages=messages, max_tokens=24, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+        extra_body={"regex": regex}))
+    jumped = [c.usage.model_dump()["completion_tokens_details"]["jump_forward_tokens"]
+              for c in chunks]
+    assert jumped == sorted(jumped) and jumped[-1] == usage["completion_tokens_details"][
+        "jump_forward_tokens"]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+        r.choices[0].message.content

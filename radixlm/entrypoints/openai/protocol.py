@@ -69,6 +69,13 @@ class _SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's `stream_options.continuous_usage_stats` (with include_usage): every
+        chunk carries the usage so far."""
+        return bool(self.include_usage and self.stream_options
+                    and self.stream_options.continuous_usage_stats)
+
     def sampling_params(self, max_new_tokens: int | None) -> dict[str, Any]:
         """The runtime's sampling_params dict for this request (max_new_tokens None: up
         to the end of the context)."""
@@ -224,11 +231,19 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    # NOTE: radixlm's extra inside OpenAI's object: completion tokens that jump-forward
+    # appended without sampling (they also count in completion_tokens).
+    jump_forward_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+    completion_tokens_details: CompletionTokensDetails = Field(
+        default_factory=CompletionTokensDetails)
 
 
 class CompletionLogprobs(BaseModel):

@@ -5,7 +5,8 @@
   max_tokens a reply may run to the end of the context.
 - Streaming: each choice's first chunk carries `role`, later chunks the new
   content, and its last chunk the one `finish_reason` (and `matched_stop`);
-  `stream_options.include_usage` adds a final chunk with `usage` and no choices.
+  `stream_options.include_usage` adds a final chunk with `usage` and no choices;
+  with `continuous_usage_stats` too, every chunk carries the usage so far (vLLM's).
 """
 
 from __future__ import annotations
@@ -122,9 +123,12 @@ class _Translator:
                     yield sse_error(out)
                     break
                 index, meta = out["index"], out["meta_info"]
-                if index not in metas:
-                    yield self._chunk([self._choice(index, {"role": "assistant", "content": ""})])
+                first_seen = index not in metas
                 metas[index] = meta
+                usage = make_usage(metas, self.req.n) if self.req.continuous_usage else None
+                if first_seen:
+                    yield self._chunk([self._choice(index, {"role": "assistant", "content": ""})],
+                                      usage)
                 logprobs = None
                 if self.req.logprobs:
                     content = chat_logprobs(meta, self.tokenizer, num_sent.get(index, 0))
@@ -135,7 +139,7 @@ class _Translator:
                 if not delta and logprobs is None and finish is None:
                     continue
                 yield self._chunk([self._choice(index, {"content": delta} if delta else {},
-                                                logprobs, finish, matched)])
+                                                logprobs, finish, matched)], usage)
             else:
                 if self.req.include_usage:
                     yield self._chunk([], make_usage(metas, self.req.n))

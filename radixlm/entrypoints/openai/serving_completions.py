@@ -156,9 +156,10 @@ class _Translator:
                 finish, matched = finish_fields(meta)
                 if not text and not (logprobs and logprobs.tokens) and finish is None:
                     continue
+                usage = make_usage(metas, self.req.n) if self.req.continuous_usage else None
                 yield self._chunk([CompletionChoice(
                     index=index, text=text, logprobs=logprobs, finish_reason=finish,
-                    matched_stop=matched).model_dump()])
+                    matched_stop=matched).model_dump()], usage)
             else:
                 if self.req.include_usage:
                     yield self._chunk([], make_usage(metas, self.req.n))

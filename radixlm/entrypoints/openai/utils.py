@@ -14,6 +14,7 @@ from typing import Any
 
 from radixlm.entrypoints.openai.protocol import (
     CompletionLogprobs,
+    CompletionTokensDetails,
     PromptTokensDetails,
     TokenLogprob,
     TopLogprob,
@@ -42,14 +43,17 @@ def finish_fields(meta: dict[str, Any]) -> tuple[str | None, str | int | None]:
 
 
 def make_usage(metas: dict[int, dict[str, Any]], n: int) -> Usage:
-    """Usage over all choices; a prompt (and its cached part) counts once, not n times."""
+    """Usage over all choices; a prompt (and its cached part) counts once, not n times;
+    completion_tokens_details.jump_forward_tokens is radixlm's extra."""
     firsts = [m for i, m in metas.items() if i % n == 0]
     prompt = sum(int(m.get("prompt_tokens", 0)) for m in firsts)
     cached = sum(int(m.get("cached_tokens", 0)) for m in firsts)
     completion = sum(int(m.get("completion_tokens", 0)) for m in metas.values())
+    jumped = sum(int(m.get("jump_forward_tokens", 0)) for m in metas.values())
     return Usage(prompt_tokens=prompt, completion_tokens=completion,
                  total_tokens=prompt + completion,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+                 completion_tokens_details=CompletionTokensDetails(jump_forward_tokens=jumped))
 
 
 def _text(entry: list[Any] | None, tokenizer: Any) -> str:
