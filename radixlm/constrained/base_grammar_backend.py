@@ -14,6 +14,7 @@ xgrammar / llguidance layout). Rows of unconstrained requests stay all ones.
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,8 +30,15 @@ class GrammarError(ValueError):
     """A grammar that cannot be compiled or used; its message is shown to the user (HTTP 400)."""
 
 
+# xgrammar's C++ errors start with its log prefix ("[10:20:10] /project/cpp/x.cc:94: "),
+# sometimes followed by the failed assertion ("Check failed: (error.empty()) is false: ").
+_NATIVE_PREFIX = re.compile(r"^\[\d{2}:\d{2}:\d{2}\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
+
+
 def compile_error(kind: str, reason: object) -> GrammarError:
-    return GrammarError(f"Failed to compile {kind} grammar: {reason}")
+    """The user-facing error: the library's reason, without C++ source locations."""
+    text = _NATIVE_PREFIX.sub("", str(reason)).strip()
+    return GrammarError(f"Failed to compile {kind} grammar: {text}")
 
 
 def unsupported_kind_error(backend: str, kind: str) -> GrammarError:
