@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/install_browser.sh  # chromium + chromedriver for the playground's browser tests
 .venv/bin/ruff check radixlm tests
 .venv/bin/mypy
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

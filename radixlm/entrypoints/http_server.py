@@ -30,7 +30,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from radixlm import __version__
-from radixlm.entrypoints import native_api
+from radixlm.entrypoints import native_api, playground
 from radixlm.entrypoints.middleware import install_middleware
 from radixlm.entrypoints.openai import api as openai_api
 from radixlm.entrypoints.openai.errors import install_error_handlers
@@ -97,6 +97,7 @@ def create_app(args: ServerArgs, start_runtime: RuntimeStarter | None = None) ->
     install_middleware(app, args.api_key, args.max_request_bytes)
     app.include_router(native_api.router)
     app.include_router(openai_api.router)
+    app.include_router(playground.router)
     return app
 
 

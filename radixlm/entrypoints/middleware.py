@@ -13,8 +13,10 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixlm.entrypoints.openai.errors import APIError, error_body
+from radixlm.entrypoints.playground import is_public as is_playground
 
-# Routes a load balancer must reach without a key.
+# Routes a load balancer must reach without a key; the playground's page and assets
+# are public too (the page asks for the key and sends it on its API calls).
 PUBLIC_PATHS = frozenset({"/health"})
 
 
@@ -36,14 +38,15 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 
 
 class APIKeyMiddleware:
-    """Every route but PUBLIC_PATHS needs `Authorization: Bearer <api_key>`."""
+    """Every route but PUBLIC_PATHS and the playground needs `Authorization: Bearer <api_key>`."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in PUBLIC_PATHS or is_playground(path):
             await self.app(scope, receive, send)
             return
         got = _header(scope, b"authorization") or b""

@@ -1,12 +1,18 @@
-"""API fields the playground reads, on a fake runtime: usage extras (jump-forward
-tokens, continuous usage stats) and whether the model takes images.
+"""The playground's server side on a fake runtime: its files, their headers and packaging,
+the key check around them, and the API fields the page reads (usage extras, vision).
+
+The page itself runs in a browser in test_playground_browser.py.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import re
 import time
+import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +22,8 @@ from starlette.testclient import TestClient
 from radixlm.entrypoints.http_server import create_app
 from radixlm.server_args import ServerArgs
 
+ROOT = Path(__file__).resolve().parents[2]
+STATIC = ROOT / "radixlm" / "entrypoints" / "static"
 KEY = "sk-playground"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
@@ -35,6 +43,53 @@ def client(tokenizer: Any) -> Iterator[TestClient]:
             assert time.monotonic() < deadline
             time.sleep(0.01)
         yield c
+
+
+def test_page_and_assets_are_public_with_their_headers(client: TestClient) -> None:
+    r = client.get("/")
+    assert r.status_code == 200 and r.headers["content-type"] == "text/html; charset=utf-8"
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "default-src 'none'" in csp
+    assert "unsafe-inline" not in csp and "frame-ancestors 'none'" in csp
+    assert r.headers["x-content-type-options"] == "nosniff"
+    # Every file the page names is served, with its type; the page loads nothing else.
+    html = r.text
+    for name, kind in [("app.js", "text/javascript"), ("playground.css", "text/css"),
+                       ("icon.svg", "image/svg+xml")]:
+        assert f"/playground/{name}" in html
+        asset = client.get(f"/playground/{name}")
+        assert asset.status_code == 200 and asset.headers["content-type"].startswith(kind)
+    # The modules app.js imports, and theirs, are served too.
+    imported = set()
+    for script in STATIC.glob("*.js"):
+        imported |= set(re.findall(r'from "\./([\w.]+\.js)"', script.read_text()))
+    assert {"api.js", "markdown.js", "schema.js", "settings.js"} <= imported
+    for module in imported:
+        assert client.get(f"/playground/{module}").status_code == 200, module
+    assert "http" not in html.replace("http-equiv", "")  # no CDN, no outside address
+    assert client.head("/").status_code == 200
+    assert client.get("/favicon.ico").headers["content-type"] == "image/svg+xml"
+
+
+def test_unknown_files_are_404_and_the_api_keeps_its_key(client: TestClient) -> None:
+    for path in ("/playground/nope.js", "/playground/..%2Fplayground.py",
+                 "/playground/../http_server.py"):
+        r = client.get(path)
+        assert r.status_code in (401, 404), (path, r.status_code)
+        assert "import" not in r.text
+    assert client.get("/get_model_info").status_code == 401
+    assert client.post("/v1/chat/completions", json={"messages": []}).status_code == 401
+    assert client.get("/get_model_info", headers=AUTH).status_code == 200
+
+
+def test_package_data_ships_every_static_file() -> None:
+    """pyproject's package-data globs cover each file the page needs (so a wheel has them)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = config["tool"]["setuptools"]["package-data"]["radixlm.entrypoints"]
+    files = sorted(p.name for p in STATIC.iterdir() if p.is_file())
+    assert {"index.html", "app.js", "playground.css"} <= set(files)
+    for name in files:
+        assert any(fnmatch.fnmatch(f"static/{name}", g) for g in globs), name
 
 
 def test_model_info_says_whether_images_are_understood(client: TestClient) -> None:
