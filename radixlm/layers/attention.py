@@ -12,8 +12,11 @@ tokens.
 - Decoding requests (one new token each) are batched: one padded gather of
   their KV [B, max_len] (padding points at dummy slot 0 and is masked out) and
   one `scaled_dot_product_attention`.
-- Extending requests (prefill chunks, jump-forward runs) go one by one: with
-  no prefix, plain causal attention over the new k, v; with a prefix, the
+- Extending requests (prefill chunks, jump-forward runs) go one by one
+  (`extend_attention`): with no prefix, plain causal attention over the new
+  k, v; with a prefix on the CPU, two flash-attention calls (the gathered
+  prefix unmasked, the new tokens causally) merged by their log-sum-exp, so
+  a chunk after a cached prefix takes the fast causal path too; elsewhere the
   whole sequence is gathered and a causal mask shifted by the prefix applies.
 - Index tensors and masks are built once per forward and shared by all layers.
 - Grouped-query attention uses SDPA's `enable_gqa` (no repeated K/V copies).
@@ -31,6 +34,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from radixlm.utils import resolve_lazy
 
 if TYPE_CHECKING:
     from radixlm.model_executor.forward_batch import ForwardBatch
@@ -63,7 +68,10 @@ class AttentionBackend(ABC):
         """
 
 
-_BACKENDS: dict[str, type[AttentionBackend]] = {}
+# Name → class, or a "module:Class" string imported on first use.
+_BACKENDS: dict[str, str | type[AttentionBackend]] = {
+    "cpu_paged": "radixlm.layers.cpu_attention:CpuPagedAttnBackend",
+}
 
 
 def register_attention_backend(
@@ -78,11 +86,16 @@ def register_attention_backend(
     return wrap
 
 
+def attention_backend_names() -> list[str]:
+    return sorted(_BACKENDS)
+
+
 def create_attention_backend(name: str, model: nn.Module | None = None) -> AttentionBackend:
     """A new backend by registered name (e.g. "torch_native")."""
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; available: {sorted(_BACKENDS)}")
-    return _BACKENDS[name](model)
+    cls: type[AttentionBackend] = resolve_lazy(_BACKENDS[name])
+    return cls(model)
 
 
 @dataclass
@@ -94,17 +107,85 @@ class _DecodeGroup:
 
 
 @dataclass
-class _ExtendReq:
+class ExtendReq:
+    """One extending request of a batch, as `extend_attention` reads it."""
+
     start: int  # token rows [start, end) of the batch
     end: int
-    kv_index: torch.Tensor | None  # [prefix + extend] KV slots; None: no prefix
-    mask: torch.Tensor | None  # [extend, prefix + extend] bool; None: plain causal
+    prefix_index: torch.Tensor | None  # [prefix] KV slots of the cached prefix; None: no prefix
+    mask: torch.Tensor | None  # [extend, prefix + extend] bool, only where there is no
+    # flash kernel with a log-sum-exp (off the CPU); None: plain causal or the split path
+
+
+def extend_request(fb: ForwardBatch, i: int, pool_row: int, start: int) -> ExtendReq:
+    """Metadata of batch item i, which extends by more than one token."""
+    n, prefix_len = fb.extend_lens[i], fb.prefix_lens[i]
+    if prefix_len == 0:
+        return ExtendReq(start, start + n, None, None)
+    prefix_index = fb.req_to_token[pool_row, :prefix_len]  # [prefix]
+    mask = None
+    if not _has_cpu_flash(fb.input_ids.device):
+        device = fb.input_ids.device
+        key_pos = torch.arange(prefix_len + n, device=device)
+        query_pos = torch.arange(prefix_len, prefix_len + n, device=device)
+        mask = key_pos[None, :] <= query_pos[:, None]  # [n, prefix + n]
+    return ExtendReq(start, start + n, prefix_index, mask)
+
+
+def _has_cpu_flash(device: torch.device) -> bool:
+    return device.type == "cpu" and hasattr(
+        torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"
+    )
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    ext: ExtendReq,
+) -> torch.Tensor:
+    """One request's new tokens over its prefix and, causally, themselves → [n, H, D].
+
+    q [T, H, D], k and v [T, Hkv, D] (this step's, rows ext.start:ext.end);
+    k_buf, v_buf [slots, Hkv, D] (the pool, read for the prefix only).
+    """
+    q_req = q[ext.start : ext.end].transpose(0, 1)  # [H, n, D]
+    keys = k[ext.start : ext.end].to(q.dtype).transpose(0, 1)  # [Hkv, n, D]
+    values = v[ext.start : ext.end].to(q.dtype).transpose(0, 1)  # [Hkv, n, D]
+    if ext.prefix_index is None:
+        out = F.scaled_dot_product_attention(
+            q_req, keys, values, is_causal=True, enable_gqa=True
+        )  # [H, n, D]
+        return out.transpose(0, 1)
+    prefix_k = k_buf.index_select(0, ext.prefix_index).to(q.dtype).transpose(0, 1)
+    prefix_v = v_buf.index_select(0, ext.prefix_index).to(q.dtype).transpose(0, 1)
+    # prefix_k, prefix_v: [Hkv, prefix, D]
+    if ext.mask is not None:
+        out = F.scaled_dot_product_attention(
+            q_req,
+            torch.cat([prefix_k, keys], dim=1),
+            torch.cat([prefix_v, values], dim=1),
+            attn_mask=ext.mask,
+            enable_gqa=True,
+        )  # [H, n, D]
+        return out.transpose(0, 1)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out_p, lse_p = flash(q_req[None], prefix_k[None], prefix_v[None], 0.0, False)
+    out_n, lse_n = flash(q_req[None], keys[None], values[None], 0.0, True)
+    # out_*: [1, H, n, D]; lse_*: [1, H, n] float32. Merge the two softmax halves.
+    lse = torch.logaddexp(lse_p, lse_n)  # [1, H, n]
+    w_p = torch.exp(lse_p - lse).unsqueeze(-1)  # [1, H, n, 1]
+    w_n = torch.exp(lse_n - lse).unsqueeze(-1)
+    out = out_p.float() * w_p + out_n.float() * w_n  # [1, H, n, D]
+    return out[0].to(q.dtype).transpose(0, 1)
 
 
 @dataclass
 class TorchNativeMetadata:
     decode: _DecodeGroup | None
-    extends: list[_ExtendReq] = field(default_factory=list)
+    extends: list[ExtendReq] = field(default_factory=list)
 
 
 @register_attention_backend("torch_native")
@@ -125,18 +206,11 @@ class TorchNativeAttnBackend(AttentionBackend):
             )
             seq_lens = [fb.prefix_lens[i] + 1 for i in decode_ids]
             decode = self._decode_group(fb, [pool_rows[i] for i in decode_ids], seq_lens, rows)
-        extends = []
-        for i, n in enumerate(fb.extend_lens):
-            if n <= 1:
-                continue
-            prefix_len = fb.prefix_lens[i]
-            kv_index = mask = None
-            if prefix_len > 0:
-                kv_index = fb.req_to_token[pool_rows[i], : prefix_len + n]  # [prefix + n]
-                key_pos = torch.arange(prefix_len + n, device=device)
-                query_pos = torch.arange(prefix_len, prefix_len + n, device=device)
-                mask = key_pos[None, :] <= query_pos[:, None]  # [n, prefix + n]
-            extends.append(_ExtendReq(starts[i], starts[i] + n, kv_index, mask))
+        extends = [
+            extend_request(fb, i, pool_rows[i], starts[i])
+            for i, n in enumerate(fb.extend_lens)
+            if n > 1
+        ]
         fb.attn_metadata = TorchNativeMetadata(decode, extends)
 
     @staticmethod
@@ -170,7 +244,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         if md.decode is not None and md.decode.rows is None:  # a decode-only batch
             return self._decode(q, k_buf, v_buf, md.decode).reshape(num_tokens, -1)
         if md.decode is None and len(md.extends) == 1:  # one extending request
-            out = self._extend(q, k, v, k_buf, v_buf, md.extends[0])  # [T, H, D]
+            out = extend_attention(q, k, v, k_buf, v_buf, md.extends[0])  # [T, H, D]
             return out.reshape(num_tokens, -1)
         out = q.new_empty(num_tokens, num_heads, head_dim)  # [T, H, D]
         if md.decode is not None:
@@ -178,7 +252,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             q_dec = q.index_select(0, md.decode.rows)  # [Bd, H, D]
             out.index_copy_(0, md.decode.rows, self._decode(q_dec, k_buf, v_buf, md.decode))
         for ext in md.extends:
-            out[ext.start : ext.end] = self._extend(q, k, v, k_buf, v_buf, ext)
+            out[ext.start : ext.end] = extend_attention(q, k, v, k_buf, v_buf, ext)
         return out.view(num_tokens, -1)
 
     @staticmethod
@@ -196,29 +270,3 @@ class TorchNativeAttnBackend(AttentionBackend):
             q.unsqueeze(2), keys, values, attn_mask=group.mask, enable_gqa=True
         )  # [Bd, H, 1, D]
         return out.squeeze(2)
-
-    @staticmethod
-    def _extend(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_buf: torch.Tensor,
-        v_buf: torch.Tensor,
-        ext: _ExtendReq,
-    ) -> torch.Tensor:
-        """One request's new tokens over its prefix and themselves → [n, H, D]."""
-        q_req = q[ext.start : ext.end].transpose(0, 1)  # [H, n, D]
-        if ext.kv_index is None:
-            keys = k[ext.start : ext.end].transpose(0, 1)  # [Hkv, n, D]
-            values = v[ext.start : ext.end].transpose(0, 1)  # [Hkv, n, D]
-            out = F.scaled_dot_product_attention(
-                q_req, keys, values, is_causal=True, enable_gqa=True
-            )  # [H, n, D]
-        else:
-            keys = k_buf.index_select(0, ext.kv_index).to(q.dtype).transpose(0, 1)
-            values = v_buf.index_select(0, ext.kv_index).to(q.dtype).transpose(0, 1)
-            # keys, values: [Hkv, prefix + n, D]
-            out = F.scaled_dot_product_attention(
-                q_req, keys, values, attn_mask=ext.mask, enable_gqa=True
-            )  # [H, n, D]
-        return out.transpose(0, 1)

@@ -1,25 +1,43 @@
-"""Prepacked float32 matmuls on the CPU through oneDNN.
+"""Linear-layer weights in the form the CPU computes fastest: packed, or int8.
 
-MKL's default sgemm is slow for the shapes decoding produces (a few to a few
-dozen rows against a large weight): on the 2-core AVX2 machines here a
-oneDNN weight reordered once (`mkldnn._reorder_linear_weight`) runs the
-SmolLM2 MLP up to 1.8x and the 49k-row output layer up to 2.5x faster than
-`F.linear`, at every batch size. Packing replaces the dense weight, so it is
-done once, after loading (`prepack_model`), and only for float32 on the CPU.
-Results equal `F.linear` up to float32 summation order (~1e-5 relative).
+Two formats replace a dense weight once it is loaded (`prepare_model`):
+
+- oneDNN-packed float32 or bfloat16 (`pack_weight` / `packed_linear`). MKL's
+  default sgemm is slow for the shapes decoding produces (a few to a few
+  dozen rows against a large weight); a weight reordered once
+  (`mkldnn._reorder_linear_weight`) runs SmolLM2's MLP up to 1.8x and the
+  49k-row output layer up to 2.5x faster than `F.linear`. bfloat16 is packed
+  only where the CPU computes it natively (avx512_bf16 / AMX): elsewhere
+  oneDNN emulates it at a small fraction of float32's speed. Results equal
+  `F.linear` up to summation order.
+- W8A8 int8 (`Int8Weight`, `int8_linear`; SGLang's `w8a8_int8`): the weight
+  quantized symmetrically per output channel, the activations per token
+  (each row its own scale) at run time, int8 x int8 -> int32 through
+  `torch._int_mm` (oneDNN), then both scales. Per-token scales keep a row's
+  result independent of the other rows of its batch. The quantize/rescale
+  glue runs in the C++ extension when it is built (one call per linear),
+  else as torch ops.
+
+torch's weight-only `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` are
+not used: measured here they run 4-100x slower than packed float32.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 from torch import nn
+
+from radixlm.layers.cpu_kernels import load_cpu_kernels
 
 logger = logging.getLogger(__name__)
 
 # Batch size the packed layout is tuned for; any batch size works.
 _PACK_BATCH_HINT = 64
+
+QUANTIZATIONS = ("none", "w8a8_int8")
 
 
 def onednn_available() -> bool:
@@ -30,8 +48,20 @@ def onednn_available() -> bool:
     )
 
 
+def cpu_has_native_bf16() -> bool:
+    """True where oneDNN computes bfloat16 in hardware (avx512_bf16, AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def can_pack(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2
+    if weight.device.type != "cpu" or weight.dim() != 2 or not onednn_available():
+        return False
+    return weight.dtype == torch.float32 or (
+        weight.dtype == torch.bfloat16 and cpu_has_native_bf16()
+    )
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -42,18 +72,55 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 def packed_linear(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """x [M, K] → x W^T + b, [M, N]."""
+    """x [M, K] → x W^T + b, [M, N] (x in the weight's dtype)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def prepack_model(model: nn.Module) -> int:
-    """Call `prepack()` on every module that has one; return how many packed."""
-    if not onednn_available():
-        logger.info("oneDNN is unavailable: linear layers use F.linear")
-        return 0
-    num_packed = 0
+class Int8Weight(NamedTuple):
+    """A weight quantized per output channel: W ≈ qweight * scales[:, None]."""
+
+    qweight: torch.Tensor  # [N, K] int8, symmetric (-127..127)
+    scales: torch.Tensor  # [N] float32
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> Int8Weight:
+        w = weight.detach().float()  # [N, K]
+        scales = (w.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)  # [N]
+        qweight = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+        return cls(qweight.contiguous(), scales.contiguous())
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.qweight.float() * self.scales[:, None]).to(dtype)  # [N, K]
+
+
+def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] → x W^T + b [M, N] in x's dtype, activations quantized per row."""
+    kernels = load_cpu_kernels() if x.device.type == "cpu" else None
+    if kernels is not None:
+        return kernels.int8_linear(x, weight.qweight.t(), weight.scales, bias)
+    x_scales = (x.detach().abs().amax(dim=1, keepdim=True).float() / 127.0).clamp_(min=1e-12)
+    xq = torch.round(x.float() / x_scales).clamp_(-127, 127).to(torch.int8)  # [M, K]
+    num_rows = xq.shape[0]
+    if x.device.type == "cuda" and num_rows <= 16:
+        # NOTE: CUDA's _int_mm needs more than 16 rows.
+        xq = torch.cat([xq, xq.new_zeros(17 - num_rows, xq.shape[1])])
+    acc = torch._int_mm(xq, weight.qweight.t())[:num_rows]  # [M, N] int32
+    out = acc.float() * x_scales * weight.scales
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
+def prepare_model(model: nn.Module, quantization: str = "none") -> tuple[int, int]:
+    """Call `prepare_weights(quantization)` on every module that has one, after loading.
+
+    Returns (number of weights quantized to int8, number packed for oneDNN).
+    """
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; choose from {QUANTIZATIONS}")
+    counts = {"int8": 0, "packed": 0, "dense": 0}
     for module in model.modules():
-        prepack = getattr(module, "prepack", None)
-        if callable(prepack) and prepack():
-            num_packed += 1
-    return num_packed
+        prepare = getattr(module, "prepare_weights", None)
+        if callable(prepare):
+            counts[prepare(quantization)] += 1
+    return counts["int8"], counts["packed"]

@@ -22,7 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.layers.cpu_gemm import can_pack, pack_weight, packed_linear
+from radixlm.layers.cpu_gemm import (
+    Int8Weight,
+    can_pack,
+    int8_linear,
+    pack_weight,
+    packed_linear,
+)
 
 WeightLoader = Callable[..., None]
 
@@ -85,23 +91,35 @@ class _LinearBase(nn.Module):
                 output_size_per_partition, dtype=params_dtype, loader=self.weight_loader
             )
 
-        self._packed: torch.Tensor | None = None  # oneDNN weight after prepack()
+        # After prepare_weights(): a oneDNN-packed weight, or an int8 one (see cpu_gemm.py).
+        self._packed: torch.Tensor | None = None
+        self._int8: Int8Weight | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, *args: Any) -> None:
         raise NotImplementedError
 
-    def prepack(self) -> bool:
-        """Replace the dense weight with a oneDNN-packed one (CPU float32; after loading).
+    def prepare_weights(self, quantization: str) -> str:
+        """After loading: quantize the weight ("w8a8_int8") or pack it for oneDNN (CPU
+        float32, or bfloat16 where the CPU has it). Returns "int8", "packed" or "dense".
 
         NOTE: the dense weight is released, so weights cannot be reloaded afterwards.
         """
-        if self._packed is not None or not can_pack(self.weight):
-            return False
-        self._packed = pack_weight(self.weight)
-        self.weight.data = torch.empty(0, dtype=self.weight.dtype)
-        return True
+        if self._int8 is not None:
+            return "int8"
+        if self._packed is not None:
+            return "packed"
+        if quantization == "w8a8_int8":
+            self._int8 = Int8Weight.quantize(self.weight)
+        elif can_pack(self.weight):
+            self._packed = pack_weight(self.weight)
+        else:
+            return "dense"
+        self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
+        return "int8" if self._int8 is not None else "packed"
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self._int8 is not None:
+            return int8_linear(x, self._int8, bias)  # [T, output_size_per_partition]
         if self._packed is not None and x.dim() == 2:
             return packed_linear(x, self._packed, bias)  # [T, output_size_per_partition]
         return F.linear(x, self.weight, bias)  # [T, output_size_per_partition]

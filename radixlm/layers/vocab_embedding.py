@@ -17,7 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.layers.cpu_gemm import can_pack, pack_weight, packed_linear
+from radixlm.layers.cpu_gemm import (
+    Int8Weight,
+    can_pack,
+    int8_linear,
+    pack_weight,
+    packed_linear,
+)
 from radixlm.layers.linear import default_weight_loader
 
 
@@ -72,7 +78,9 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(num_embeddings, embedding_dim, params_dtype, tp_rank, tp_size)
         self._weight_t: torch.Tensor | None = None  # [embedding_dim, per_partition], CPU only
         self._weight_t_key: tuple[int, int] | None = None
-        self._packed: torch.Tensor | None = None  # oneDNN copy after prepack()
+        # After prepare_weights(): a oneDNN-packed or int8 copy of the weight.
+        self._packed: torch.Tensor | None = None
+        self._int8: Int8Weight | None = None
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         """Use the embedding table as this head's weight (one tensor for both)."""
@@ -90,20 +98,25 @@ class ParallelLMHead(VocabParallelEmbedding):
             self._weight_t_key = key
         return self._weight_t
 
-    def prepack(self) -> bool:
-        """Keep a oneDNN-packed copy of the (possibly tied) weight for compute_logits.
+    def prepare_weights(self, quantization: str) -> str:
+        """Keep an int8 ("w8a8_int8") or oneDNN-packed copy of the (possibly tied) weight
+        for compute_logits. Returns "int8", "packed" or "dense".
 
         The dense weight stays: a tied embedding still looks rows up in it.
         """
-        if self._packed is not None or not can_pack(self.weight):
-            return False
-        self._packed = pack_weight(self.weight)
-        self._weight_t = None
-        return True
+        if self._int8 is None and self._packed is None:
+            if quantization == "w8a8_int8":
+                self._int8 = Int8Weight.quantize(self.weight)
+            elif can_pack(self.weight):
+                self._packed = pack_weight(self.weight)
+            self._weight_t = None
+        return "int8" if self._int8 is not None else "packed" if self._packed is not None else "dense"
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, embedding_dim] → float32 logits [M, num_embeddings]."""
-        if self._packed is not None:
+        if self._int8 is not None:
+            logits = int8_linear(hidden, self._int8, None)  # [M, per_partition]
+        elif self._packed is not None:
             logits = packed_linear(hidden, self._packed, None)  # [M, per_partition]
         elif hidden.device.type == "cpu":
             logits = hidden @ self._transposed_weight()  # [M, per_partition]

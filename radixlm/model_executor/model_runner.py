@@ -17,12 +17,14 @@ import time
 import torch
 
 from radixlm.io_struct import LogprobEntry
-from radixlm.layers.attention import create_attention_backend
-from radixlm.layers.cpu_gemm import prepack_model
+from radixlm.layers.attention import AttentionBackend, create_attention_backend
+from radixlm.layers.cpu_gemm import prepare_model
+from radixlm.layers.cpu_kernels import load_cpu_kernels
 from radixlm.mem_cache import create_prefix_cache
 from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model_executor.forward_batch import ForwardBatch
+from radixlm.model_executor.precision import resolve_precision
 from radixlm.model_loader.loader import load_model
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampler import SamplingBatchInfo, compute_logprobs, sample
@@ -49,19 +51,29 @@ class ModelRunner:
         self.device = args.device
         if args.device == "cpu":
             torch.set_num_threads(args.num_threads or os.cpu_count() or 1)
-        self.dtype = getattr(torch, args.torch_dtype_name)
+        self.precision = resolve_precision(args.dtype, args.quantization, args.device)
+        self.dtype = self.precision.dtype
+        logger.info("Precision: %s", self.precision.describe())
         self.model, self.config = load_model(model_dir, self.dtype, self.device)
-        if self.device == "cpu" and not args.disable_cpu_prepack:
-            num_packed = prepack_model(self.model)
-            logger.info("Packed %d weight matrices for oneDNN", num_packed)
+        quantization = self.precision.quantization
+        if quantization != "none" or (self.device == "cpu" and not args.disable_cpu_prepack):
+            num_int8, num_packed = prepare_model(self.model, quantization)
+            logger.info("Weights: %d int8, %d oneDNN-packed", num_int8, num_packed)
         text_config = getattr(self.config, "text_config", None) or self.config
         self.vocab_size = int(text_config.vocab_size)
         self.context_len = int(args.context_length or text_config.max_position_embeddings)
         self.eos_token_ids = _eos_ids(self.config, model_dir)
         self._init_memory(text_config)
-        self.attn_backend = create_attention_backend("torch_native", self.model)
+        self.attn_backend = self._create_attention_backend(args.attention_backend)
         self.grammar_mask_seconds = 0.0  # filling + applying grammar masks, all steps
         self.num_grammar_mask_steps = 0
+
+    def _create_attention_backend(self, name: str) -> AttentionBackend:
+        if name == "auto":
+            on_cpu = self.device == "cpu" and load_cpu_kernels() is not None
+            name = "cpu_paged" if on_cpu else "torch_native"
+        logger.info("Attention backend: %s", name)
+        return create_attention_backend(name, self.model)
 
     def _init_memory(self, cfg) -> None:  # type: ignore[no-untyped-def]
         num_layers = int(cfg.num_hidden_layers)

@@ -71,6 +71,8 @@ class PoolRunner:
         num_slots: int = 1024,
         max_requests: int = 8,
         max_context: int = 256,
+        dtype: torch.dtype = torch.float32,
+        backend: str = "torch_native",
     ) -> None:
         head_dim = (
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -81,11 +83,11 @@ class PoolRunner:
             config.num_hidden_layers,
             config.num_key_value_heads,
             head_dim,
-            torch.float32,
+            dtype,
             "cpu",
         )
         self.rows = ReqToTokenPool(max_requests, max_context, "cpu")
-        self.backend = create_attention_backend("torch_native", model)
+        self.backend = create_attention_backend(backend, model)
         self.cached: dict[int, int] = {}  # request row → tokens whose KV is in the pool
 
     def new_request(self, share_prefix_of: int | None = None, prefix_len: int = 0) -> int:

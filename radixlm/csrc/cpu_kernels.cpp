@@ -1,0 +1,278 @@
+// CPU kernels that no maintained library offers in the shape radixlm needs.
+//
+// 1. paged_attention: attention of a few query rows per request (a decode's
+//    one, a speculative step's 1 + K) over K/V read in place from the paged
+//    pool through the request's row of the slot table. No gather copy: each
+//    (request, KV head) task streams its keys once, scores every query row
+//    of the group against them, then streams the values once.
+// 2. int8_linear: W8A8 linear with per-token activation scales: one pass
+//    quantizes each row of x to int8, at::_int_mm (oneDNN s8s8 -> s32) does
+//    the product, one pass applies both scales (and the bias).
+//
+// Plain C++ loops; `#pragma omp simd` lets the compiler vectorize the
+// reductions for the CPU it is built on (the set-up builds it per machine).
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+template <typename T>
+inline float to_float(T x) {
+  return static_cast<float>(x);
+}
+
+// One (request, KV head) task. q rows of the request: [q_len, H, D] at q, rows
+// q_row_stride elements apart; out: [q_len, H, D] contiguous. Query row i sits
+// at position prefix + i and attends keys
+// 0 .. prefix + i (causal within the new rows).
+template <typename qT, typename kvT>
+void attend_group(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf,
+                  const kvT* v_buf, const int64_t* slots, int64_t seq_len, int64_t q_len, int64_t kv_head,
+                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
+                  std::vector<float>& qf, std::vector<float>& scores, std::vector<float>& acc) {
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t rows = q_len * group;  // (query row, head of the group) pairs
+  const int64_t prefix = seq_len - q_len;
+  const int64_t kv_stride = num_kv_heads * head_dim;
+  qf.resize(rows * head_dim);
+  scores.resize(rows * seq_len);
+  acc.assign(rows * head_dim, 0.0f);
+  for (int64_t i = 0; i < q_len; ++i) {
+    for (int64_t g = 0; g < group; ++g) {
+      const qT* src = q + i * q_row_stride + (kv_head * group + g) * head_dim;
+      float* dst = qf.data() + (i * group + g) * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) dst[d] = to_float(src[d]) * scale;
+    }
+  }
+  // Scores: each key is read once for every row of the group.
+  for (int64_t j = 0; j < seq_len; ++j) {
+    const kvT* key = k_buf + slots[j] * kv_stride + kv_head * head_dim;
+    const int64_t first_row = std::max<int64_t>(j - prefix, 0);  // rows that see key j
+    for (int64_t i = first_row; i < q_len; ++i) {
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qr = qf.data() + (i * group + g) * head_dim;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < head_dim; ++d) dot += qr[d] * to_float(key[d]);
+        scores[(i * group + g) * seq_len + j] = dot;
+      }
+    }
+  }
+  // Softmax per row over its visible keys, in place.
+  for (int64_t i = 0; i < q_len; ++i) {
+    const int64_t visible = prefix + i + 1;
+    for (int64_t g = 0; g < group; ++g) {
+      float* s = scores.data() + (i * group + g) * seq_len;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < visible; ++j) m = std::max(m, s[j]);
+      float sum = 0.0f;
+      for (int64_t j = 0; j < visible; ++j) {
+        s[j] = std::exp(s[j] - m);
+        sum += s[j];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t j = 0; j < visible; ++j) s[j] *= inv;
+    }
+  }
+  // Weighted values: each value row is read once.
+  for (int64_t j = 0; j < seq_len; ++j) {
+    const kvT* value = v_buf + slots[j] * kv_stride + kv_head * head_dim;
+    const int64_t first_row = std::max<int64_t>(j - prefix, 0);
+    for (int64_t i = first_row; i < q_len; ++i) {
+      for (int64_t g = 0; g < group; ++g) {
+        const float p = scores[(i * group + g) * seq_len + j];
+        float* a = acc.data() + (i * group + g) * head_dim;
+#pragma omp simd
+        for (int64_t d = 0; d < head_dim; ++d) a[d] += p * to_float(value[d]);
+      }
+    }
+  }
+  for (int64_t i = 0; i < q_len; ++i) {
+    for (int64_t g = 0; g < group; ++g) {
+      qT* dst = out + (i * num_heads + kv_head * group + g) * head_dim;
+      const float* a = acc.data() + (i * group + g) * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<qT>(a[d]);
+    }
+  }
+}
+
+template <typename qT, typename kvT>
+void paged_attention_impl(const at::Tensor& q, at::Tensor& out, const at::Tensor& k_buf,
+                          const at::Tensor& v_buf, const at::Tensor& req_to_token,
+                          const at::Tensor& req_rows, const at::Tensor& seq_lens,
+                          const at::Tensor& q_starts, const at::Tensor& q_lens, double scale) {
+  const int64_t batch = req_rows.size(0);
+  const int64_t num_heads = q.size(1), head_dim = q.size(2), num_kv_heads = k_buf.size(1);
+  const int64_t table_stride = req_to_token.stride(0), q_row_stride = q.stride(0);
+  const auto* q_ptr = q.data_ptr<qT>();
+  auto* out_ptr = out.data_ptr<qT>();
+  const auto* k_ptr = k_buf.data_ptr<kvT>();
+  const auto* v_ptr = v_buf.data_ptr<kvT>();
+  const auto* table = req_to_token.data_ptr<int64_t>();
+  const auto* rows = req_rows.data_ptr<int64_t>();
+  const auto* lens = seq_lens.data_ptr<int64_t>();
+  const auto* starts = q_starts.data_ptr<int64_t>();
+  const auto* qlens = q_lens.data_ptr<int64_t>();
+  at::parallel_for(0, batch * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf, scores, acc;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / num_kv_heads, h = task % num_kv_heads;
+      attend_group<qT, kvT>(q_ptr + starts[b] * q_row_stride, q_row_stride,
+                            out_ptr + starts[b] * num_heads * head_dim, k_ptr, v_ptr,
+                            table + rows[b] * table_stride, lens[b], qlens[b], h, num_heads,
+                            num_kv_heads, head_dim, static_cast<float>(scale), qf, scores, acc);
+    }
+  });
+}
+
+template <typename qT>
+void dispatch_kv(const at::Tensor& q, at::Tensor& out, const at::Tensor& k_buf,
+                 const at::Tensor& v_buf, const at::Tensor& req_to_token,
+                 const at::Tensor& req_rows, const at::Tensor& seq_lens,
+                 const at::Tensor& q_starts, const at::Tensor& q_lens, double scale) {
+  switch (k_buf.scalar_type()) {
+    case at::kFloat:
+      return paged_attention_impl<qT, float>(q, out, k_buf, v_buf, req_to_token, req_rows,
+                                             seq_lens, q_starts, q_lens, scale);
+    case at::kBFloat16:
+      return paged_attention_impl<qT, c10::BFloat16>(q, out, k_buf, v_buf, req_to_token,
+                                                     req_rows, seq_lens, q_starts, q_lens, scale);
+    case at::kHalf:
+      return paged_attention_impl<qT, c10::Half>(q, out, k_buf, v_buf, req_to_token, req_rows,
+                                                 seq_lens, q_starts, q_lens, scale);
+    default:
+      TORCH_CHECK(false, "paged_attention: unsupported KV dtype ", k_buf.scalar_type());
+  }
+}
+
+}  // namespace
+
+// q [T, H, D]; k_buf, v_buf [slots, Hkv, D]; req_to_token [R, C] int64;
+// req_rows, seq_lens, q_starts, q_lens [B] int64 (CPU). Request b owns query
+// rows q_starts[b] .. + q_lens[b], at positions seq_lens[b] - q_lens[b] ..
+// seq_lens[b] - 1; its keys are slots req_to_token[req_rows[b], :seq_lens[b]].
+// Rows of q not covered by any request are left as they are in `out`.
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                           const at::Tensor& req_to_token, const at::Tensor& req_rows,
+                           const at::Tensor& seq_lens, const at::Tensor& q_starts,
+                           const at::Tensor& q_lens, double scale) {
+  TORCH_CHECK(q.device().is_cpu() && k_buf.device().is_cpu(), "paged_attention runs on the CPU");
+  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.sizes() == k_buf.sizes());
+  TORCH_CHECK(q.size(2) == k_buf.size(2) && q.size(1) % k_buf.size(1) == 0);
+  TORCH_CHECK(k_buf.is_contiguous() && v_buf.is_contiguous() && req_to_token.stride(1) == 1);
+  for (const auto* t : {&req_to_token, &req_rows, &seq_lens, &q_starts, &q_lens}) {
+    TORCH_CHECK(t->scalar_type() == at::kLong, "paged_attention: index tensors must be int64");
+  }
+  // Rows may be strided (q is a view of the fused qkv projection); heads and dims may not.
+  auto qc = (q.stride(2) == 1 && q.stride(1) == q.size(2)) ? q : q.contiguous();
+  auto rows = req_rows.contiguous(), lens = seq_lens.contiguous();
+  auto starts = q_starts.contiguous(), qlens = q_lens.contiguous();
+  auto out = at::empty(qc.sizes(), qc.options());
+  switch (qc.scalar_type()) {
+    case at::kFloat:
+      dispatch_kv<float>(qc, out, k_buf, v_buf, req_to_token, rows, lens, starts, qlens, scale);
+      break;
+    case at::kBFloat16:
+      dispatch_kv<c10::BFloat16>(qc, out, k_buf, v_buf, req_to_token, rows, lens, starts, qlens,
+                                 scale);
+      break;
+    case at::kHalf:
+      dispatch_kv<c10::Half>(qc, out, k_buf, v_buf, req_to_token, rows, lens, starts, qlens,
+                             scale);
+      break;
+    default:
+      TORCH_CHECK(false, "paged_attention: unsupported query dtype ", qc.scalar_type());
+  }
+  return out;
+}
+
+namespace {
+
+template <typename T>
+void quantize_rows(const T* x, int8_t* xq, float* scales, int64_t m, int64_t k) {
+  at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* row = x + r * k;
+      float amax = 0.0f;
+      for (int64_t j = 0; j < k; ++j) amax = std::max(amax, std::fabs(to_float(row[j])));
+      const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+      const float inv = 1.0f / scale;
+      int8_t* dst = xq + r * k;
+      for (int64_t j = 0; j < k; ++j) {
+        const float v = std::nearbyint(to_float(row[j]) * inv);
+        dst[j] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, v)));
+      }
+      scales[r] = scale;
+    }
+  });
+}
+
+template <typename T>
+void dequantize_rows(const int32_t* acc, const float* x_scales, const float* w_scales,
+                     const float* bias, T* out, int64_t m, int64_t n) {
+  at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float xs = x_scales[r];
+      const int32_t* a = acc + r * n;
+      T* o = out + r * n;
+      for (int64_t j = 0; j < n; ++j) {
+        float v = static_cast<float>(a[j]) * xs * w_scales[j];
+        if (bias != nullptr) v += bias[j];
+        o[j] = static_cast<T>(v);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// Per-token symmetric int8: x [M, K] float/bf16 -> (xq [M, K] int8, scales [M] float32),
+// x ~= xq * scales[:, None]. An all-zero row gets scale 1.
+std::vector<at::Tensor> quantize_per_token(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2);
+  auto xc = x.contiguous();
+  const int64_t m = xc.size(0), k = xc.size(1);
+  auto xq = at::empty({m, k}, xc.options().dtype(at::kChar));
+  auto scales = at::empty({m}, xc.options().dtype(at::kFloat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "quantize", [&] {
+    quantize_rows<scalar_t>(xc.data_ptr<scalar_t>(), xq.data_ptr<int8_t>(),
+                            scales.data_ptr<float>(), m, k);
+  });
+  return {xq, scales};
+}
+
+// W8A8 linear: x [M, K] (float32 or bf16), w_t [K, N] int8 (a transposed view of
+// the [N, K] weight or a contiguous [K, N] one), w_scales [N] float32, bias [N]
+// float32 or undefined -> [M, N] in x's dtype.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w_t, const at::Tensor& w_scales,
+                       const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && w_t.dim() == 2 && x.size(1) == w_t.size(0));
+  TORCH_CHECK(w_t.scalar_type() == at::kChar && w_scales.scalar_type() == at::kFloat);
+  auto q = quantize_per_token(x);
+  auto acc = at::_int_mm(q[0], w_t);  // [M, N] int32
+  const int64_t m = acc.size(0), n = acc.size(1);
+  auto out = at::empty({m, n}, x.options());
+  auto ws = w_scales.contiguous();
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) b = bias->to(at::kFloat).contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "dequantize", [&] {
+    dequantize_rows<scalar_t>(acc.data_ptr<int32_t>(), q[1].data_ptr<float>(),
+                              ws.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
+                              out.data_ptr<scalar_t>(), m, n);
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_attention", &paged_attention, "attention over the paged KV pool (CPU)");
+  m.def("quantize_per_token", &quantize_per_token, "per-token symmetric int8 (CPU)");
+  m.def("int8_linear", &int8_linear, "W8A8 linear, per-token activation scales (CPU)");
+}

@@ -1,0 +1,89 @@
+"""The small C++ extension of CPU kernels (radixlm/csrc/cpu_kernels.cpp), built once per machine.
+
+    python -m radixlm.layers.cpu_kernels      # build now (scripts/setup.sh does)
+
+It holds what no maintained library offers in the shape radixlm needs: paged
+decode attention that reads K/V in place from the pool, and the per-token
+quantize/dequantize glue around `torch._int_mm` for W8A8 linears. It is
+compiled with torch's `cpp_extension` for the CPU it runs on
+(`-march=native`), into `$RADIXLM_CACHE_DIR/kernels/<torch>-<cpu>` (default
+`~/.cache/radixlm`), so a machine with another CPU builds its own copy.
+`load_cpu_kernels()` returns None when there is no compiler or the build
+fails; callers then take the torch-native path (same results, slower).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import sys
+import time
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "csrc", "cpu_kernels.cpp")
+_DISABLE_ENV = "RADIXLM_DISABLE_CPU_KERNELS"
+
+
+def _cpu_tag() -> str:
+    """A short hash of what the build depends on: the CPU's flags and torch's version."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        pass
+    return hashlib.sha1(f"{torch.__version__}|{flags}".encode()).hexdigest()[:12]
+
+
+def build_directory() -> str:
+    root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "radixlm"
+    )
+    return os.path.join(root, "kernels", _cpu_tag())
+
+
+@functools.cache
+def load_cpu_kernels() -> ModuleType | None:
+    """The compiled module (building it first if needed), or None if it cannot be had."""
+    if os.environ.get(_DISABLE_ENV, "") not in ("", "0"):
+        logger.info("CPU kernels disabled by %s", _DISABLE_ENV)
+        return None
+    from torch.utils import cpp_extension
+
+    folder = build_directory()
+    os.makedirs(folder, exist_ok=True)
+    start = time.perf_counter()
+    try:
+        module = cpp_extension.load(
+            name="radixlm_cpu_kernels",
+            sources=[_SOURCE],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            build_directory=folder,
+            verbose=False,
+        )
+    except Exception as e:  # noqa: BLE001 - no compiler, a failed build: fall back
+        logger.warning("CPU kernels unavailable (%s: %s); using torch-native paths",
+                       type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return None
+    elapsed = time.perf_counter() - start
+    if elapsed > 5:
+        logger.info("Built the CPU kernels in %.0f s (%s)", elapsed, folder)
+    return module
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    module = load_cpu_kernels()
+    if module is None:
+        sys.exit("radixlm CPU kernels could not be built (see the warning above)")
+    print(f"radixlm CPU kernels ready in {build_directory()}")
+
+
+if __name__ == "__main__":
+    main()

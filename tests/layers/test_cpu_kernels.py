@@ -1,0 +1,100 @@
+"""The CPU kernels against torch references: paged attention (cpu_paged backend vs
+torch_native, mixed batches of decodes, short and long extends with cached prefixes, GQA,
+float32 and bfloat16 pools) and the W8A8 int8 linear (vs the same math in torch ops)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.layers.attention import create_attention_backend
+from radixlm.layers.cpu_gemm import Int8Weight, int8_linear
+from radixlm.layers.cpu_kernels import load_cpu_kernels
+from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixlm.model_executor.forward_batch import ForwardBatch
+
+pytestmark = pytest.mark.skipif(load_cpu_kernels() is None, reason="CPU kernels not built")
+
+H, HKV, D = 6, 2, 16
+
+
+def _batch(pool: TokenToKVPool, rows: ReqToTokenPool, prefix_lens: list[int],
+           extend_lens: list[int], backend_name: str) -> ForwardBatch:
+    """A batch over requests whose first prefix_lens[i] tokens are already in the pool."""
+    locs, req_rows = [], []
+    for prefix, extend in zip(prefix_lens, extend_lens):
+        row = rows.alloc()
+        assert row is not None
+        slots = pool.alloc(prefix + extend)
+        assert slots is not None
+        rows.req_to_token[row, : prefix + extend] = slots
+        locs.append(slots[prefix:])
+        req_rows.append(row)
+    num_tokens = sum(extend_lens)
+    return ForwardBatch(
+        input_ids=torch.zeros(num_tokens, dtype=torch.int64),
+        positions=torch.zeros(num_tokens, dtype=torch.int64),
+        out_cache_loc=torch.cat(locs),
+        req_pool_indices=torch.tensor(req_rows),
+        req_to_token=rows.req_to_token,
+        token_to_kv_pool=pool,
+        prefix_lens=prefix_lens,
+        extend_lens=extend_lens,
+        attn_backend=create_attention_backend(backend_name),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    ("prefix_lens", "extend_lens"),
+    [
+        ([7, 0, 30, 1], [1, 1, 1, 1]),  # decodes (one with an empty prefix)
+        ([5, 40, 0, 12], [1, 4, 9, 40]),  # decodes, 1 + K rows, a fresh prefill, a long extend
+        ([50], [37]),  # one long chunk after a cached prefix (the split flash path)
+        ([0], [33]),  # one fresh prefill (plain causal)
+    ],
+    ids=["decode", "mixed", "chunk-after-prefix", "fresh-prefill"],
+)
+def test_paged_backend_equals_torch_native(
+    dtype: torch.dtype, prefix_lens: list[int], extend_lens: list[int]
+) -> None:
+    torch.manual_seed(0)
+    pool = TokenToKVPool(512, 1, HKV, D, dtype, "cpu")
+    pool.k_buffers[0].normal_()
+    pool.v_buffers[0].normal_()
+    outs = {}
+    num_tokens = sum(extend_lens)
+    q = torch.randn(num_tokens, H + HKV, D).to(dtype)[:, :H]  # a strided view, as the model has
+    k = torch.randn(num_tokens, HKV, D).to(dtype)
+    v = torch.randn(num_tokens, HKV, D).to(dtype)
+    for name in ("torch_native", "cpu_paged"):
+        pool.clear()
+        rows = ReqToTokenPool(8, 128, "cpu")
+        batch = _batch(pool, rows, prefix_lens, extend_lens, name)
+        assert batch.attn_backend is not None
+        batch.attn_backend.init_forward_metadata(batch)
+        outs[name] = batch.attn_backend.forward(q, k, v, 0, batch).float()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(outs["cpu_paged"], outs["torch_native"], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("num_rows", [1, 5, 33])
+def test_int8_linear_matches_reference(num_rows: int) -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(48, 64)
+    weight[3] *= 20  # channels with very different ranges get their own scales
+    bias = torch.randn(48)
+    x = torch.randn(num_rows, 64)
+    x[0] *= 100  # a loud row must not change the others' quantization
+    iw = Int8Weight.quantize(weight)
+    out = int8_linear(x, iw, bias)
+    x_scales = x.abs().amax(1, keepdim=True) / 127
+    xq = torch.round(x / x_scales).clamp(-127, 127)
+    ref = (xq @ iw.qweight.float().t()) * x_scales * iw.scales + bias
+    torch.testing.assert_close(out, ref, atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(out, x @ weight.t() + bias, atol=0.05 * x.abs().max().item(),
+                               rtol=0.05)
+    # Per-token: a row's result does not depend on the other rows of its batch.
+    torch.testing.assert_close(int8_linear(x[-1:], iw, bias), out[-1:])
+    bf16 = int8_linear(x.bfloat16(), iw, bias)
+    assert bf16.dtype == torch.bfloat16
