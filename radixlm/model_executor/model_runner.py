@@ -34,6 +34,14 @@ from radixlm.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
+def _usable_cores() -> int:
+    """Cores this process may run on (its affinity mask: taskset, cgroups), not all of them."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _available_memory_bytes(device: str) -> int:
     if device == "cuda":
         free, _ = torch.cuda.mem_get_info()
@@ -50,7 +58,9 @@ class ModelRunner:
         self.args = args
         self.device = args.device
         if args.device == "cpu":
-            torch.set_num_threads(args.num_threads or os.cpu_count() or 1)
+            torch.set_num_threads(args.num_threads or _usable_cores())
+            logger.info("CPU threads: %d (OMP_WAIT_POLICY=%s)", torch.get_num_threads(),
+                        os.environ.get("OMP_WAIT_POLICY", "default"))
         self.precision = resolve_precision(args.dtype, args.quantization, args.device)
         self.dtype = self.precision.dtype
         logger.info("Precision: %s", self.precision.describe())
