@@ -174,8 +174,12 @@ class ModelRunner:
         sampling = [i for i in range(n) if sample_rows[i] >= 0]
         if sampling:
             reqs = [plan.items[i].req for i in sampling]
-            rows = torch.tensor([sample_rows[i] for i in sampling], device=logits.device)
-            raw = logits[rows]  # [S, V], a copy
+            rows = [sample_rows[i] for i in sampling]
+            want_lp = [j for j, r in enumerate(reqs) if r.return_logprob]
+            if rows == list(range(logits.shape[0])):
+                raw = logits  # [S, V]: every row samples, in order (no prompt logprobs)
+            else:
+                raw = logits[torch.tensor(rows, device=logits.device)]  # [S, V], a copy
             if any(r.grammar is not None for r in reqs):
                 start = time.perf_counter()
                 _apply_grammar_masks(raw, reqs, self.vocab_size)
@@ -189,9 +193,9 @@ class ModelRunner:
                 self.eos_token_ids,
                 device=self.device,
             )
-            chosen = sample(raw.clone(), info)  # [S]
+            # NOTE: sample() edits its input in place; logprobs need the unedited logits.
+            chosen = sample(raw.clone() if want_lp else raw, info)  # [S]
             chosen_list = chosen.tolist()
-            want_lp = [j for j, r in enumerate(reqs) if r.return_logprob]
             if want_lp:
                 idx = torch.tensor(want_lp, device=logits.device)
                 lp = compute_logprobs(
