@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import random
 import statistics
@@ -93,7 +94,8 @@ class RunResult:
 
 def cpu_description() -> str:
     """The CPU model, its core count and the instruction sets that pick kernels."""
-    name, flags = platform.processor() or "unknown CPU", set()
+    name = platform.processor() or "unknown CPU"
+    flags: set[str] = set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -103,7 +105,7 @@ def cpu_description() -> str:
                     flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    import os
+
 
     wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"]
     isa = "+".join(f for f in wanted if f in flags) or "no AVX2"
