@@ -271,8 +271,24 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w_t, const at::Ten
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "attention over the paged KV pool (CPU)");
-  m.def("quantize_per_token", &quantize_per_token, "per-token symmetric int8 (CPU)");
-  m.def("int8_linear", &int8_linear, "W8A8 linear, per-token activation scales (CPU)");
+std::tuple<at::Tensor, at::Tensor> quantize_per_token_op(const at::Tensor& x) {
+  auto out = quantize_per_token(x);
+  return {out[0], out[1]};
 }
+
+// torch.ops.radixlm.*: real operators, so the profiler and torch.compile see them.
+TORCH_LIBRARY(radixlm, m) {
+  m.def(
+      "paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, "
+      "Tensor req_rows, Tensor seq_lens, Tensor q_starts, Tensor q_lens, float scale) -> Tensor");
+  m.def("quantize_per_token(Tensor x) -> (Tensor, Tensor)");
+  m.def("int8_linear(Tensor x, Tensor w_t, Tensor w_scales, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
+  m.impl("paged_attention", &paged_attention);
+  m.impl("quantize_per_token", &quantize_per_token_op);
+  m.impl("int8_linear", &int8_linear);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}

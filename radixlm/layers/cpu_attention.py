@@ -50,10 +50,8 @@ class CpuPagedAttnBackend(AttentionBackend):
 
     def __init__(self, model: nn.Module | None = None) -> None:
         super().__init__(model)
-        kernels = load_cpu_kernels()
-        if kernels is None:
+        if load_cpu_kernels() is None:  # registers torch.ops.radixlm.*
             raise RuntimeError("the cpu_paged attention backend needs the CPU kernels")
-        self.kernels = kernels
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
@@ -91,7 +89,7 @@ class CpuPagedAttnBackend(AttentionBackend):
         num_tokens, num_heads, head_dim = q.shape
         if md.kernel_args is not None:
             rows, seq_lens, q_starts, q_lens = md.kernel_args
-            out = self.kernels.paged_attention(
+            out = torch.ops.radixlm.paged_attention(
                 q, k_buf, v_buf, forward_batch.req_to_token, rows, seq_lens, q_starts, q_lens,
                 head_dim**-0.5,
             )  # [T, H, D]; rows of longer extends are filled below

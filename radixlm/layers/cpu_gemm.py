@@ -95,9 +95,8 @@ class Int8Weight(NamedTuple):
 
 def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
     """x [M, K] → x W^T + b [M, N] in x's dtype, activations quantized per row."""
-    kernels = load_cpu_kernels() if x.device.type == "cpu" else None
-    if kernels is not None:
-        return kernels.int8_linear(x, weight.qweight.t(), weight.scales, bias)
+    if x.device.type == "cpu" and load_cpu_kernels() is not None:
+        return torch.ops.radixlm.int8_linear(x, weight.qweight.t(), weight.scales, bias)
     x_scales = (x.detach().abs().amax(dim=1, keepdim=True).float() / 127.0).clamp_(min=1e-12)
     xq = torch.round(x.float() / x_scales).clamp_(-127, 127).to(torch.int8)  # [M, K]
     num_rows = xq.shape[0]

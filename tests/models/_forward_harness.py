@@ -106,8 +106,10 @@ class PoolRunner:
         self,
         items: list[tuple[int, list[int]]],
         mm_inputs: list[MultimodalInputs | None] | None = None,
+        last_only: bool = False,
     ) -> list[torch.Tensor]:
-        """One forward over (request row, new token ids) items → per item logits [n, vocab].
+        """One forward over (request row, new token ids) items → per item logits [n, vocab]
+        ([1, vocab], the last token's, with last_only).
 
         mm_inputs: per item, that request's images (whole prompt), as the runner passes them.
         """
@@ -136,7 +138,10 @@ class PoolRunner:
         )
         self.backend.init_forward_metadata(batch)
         hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, hidden]
-        logits = self.model.compute_logits(hidden)  # [T, vocab]
         for row, ids in items:
             self.cached[row] += len(ids)
+        if last_only:
+            last = torch.tensor(batch.extend_lens).cumsum(0) - 1  # [B]
+            return list(self.model.compute_logits(hidden[last]).split(1))
+        logits = self.model.compute_logits(hidden)  # [T, vocab]
         return list(logits.split(batch.extend_lens))

@@ -1,0 +1,136 @@
+"""Time and profile one decode step of the default model, per precision and attention backend.
+
+    .venv/bin/python scripts/profile_step.py [--batch 32] [--seq-len 400] [--steps 10]
+        [--configs fp32:torch_native fp32:cpu_paged bf16:cpu_paged int8:cpu_paged] [--profile]
+
+Each config is `precision:backend` (precision fp32, bf16, int8 = W8A8 over
+float32 activations, int8bf16 = W8A8 over bfloat16). The requests start with
+`--seq-len` tokens of random K/V in the pool, then decode `--steps` steps; the configs run in
+turn, `--rounds` times, so their ratios are measured side by side even on a
+busy machine. `--profile` adds torch.profiler's split of one step's time
+(attention, linear layers, LM head, the rest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "models"))
+
+from _forward_harness import PoolRunner  # noqa: E402
+
+from radixlm.layers.cpu_gemm import prepare_model  # noqa: E402
+from radixlm.model_loader.default_model import resolve_model_dir  # noqa: E402
+from radixlm.model_loader.loader import load_model  # noqa: E402
+
+PRECISIONS = {
+    "fp32": (torch.float32, "none"),
+    "bf16": (torch.bfloat16, "none"),
+    "int8": (torch.float32, "w8a8_int8"),
+    "int8bf16": (torch.bfloat16, "w8a8_int8"),
+}
+CATEGORIES = [
+    ("attention", ("paged_attention", "index_select", "scaled_dot_product", "flash_attention",
+                   "index_put", "_softmax", "bmm")),
+    ("linear layers", ("_linear_pointwise", "_int_mm", "int8_linear", "quantize", "linear")),
+]
+
+
+def build(config: str, batch: int, seq_len: int, steps: int) -> tuple[PoolRunner, list[int]]:
+    precision, backend = config.split(":")
+    dtype, quantization = PRECISIONS[precision]
+    model, cfg = load_model(resolve_model_dir(None), dtype, "cpu")
+    prepare_model(model, quantization)
+    total = batch * (seq_len + steps + 2)
+    runner = PoolRunner(model, cfg, num_slots=total, max_requests=batch,
+                        max_context=seq_len + steps + 2, dtype=dtype, backend=backend)
+    rows = [runner.new_request() for _ in range(batch)]
+    # NOTE: no prefill: random K/V stand in for a prompt (a decode step's cost does not
+    # depend on the values), so building a config takes seconds, not minutes.
+    for k_buf, v_buf in zip(runner.kv.k_buffers, runner.kv.v_buffers):
+        k_buf.normal_()
+        v_buf.normal_()
+    for row in rows:
+        slots = runner.kv.alloc(seq_len)
+        assert slots is not None
+        runner.rows.req_to_token[row, :seq_len] = slots
+        runner.cached[row] = seq_len
+    return runner, rows
+
+
+def decode_steps(runner: PoolRunner, rows: list[int], steps: int) -> float:
+    """Median seconds per decode step; rolls the KV back afterwards so rounds repeat."""
+    start_lens = {row: runner.cached[row] for row in rows}
+    times = []
+    for s in range(steps):
+        t = time.perf_counter()
+        runner.step([(row, [(row + s) % 1000 + 10]) for row in rows], last_only=True)
+        times.append(time.perf_counter() - t)
+    for row in rows:
+        table = runner.rows.req_to_token[row]
+        runner.kv.free(table[start_lens[row] : runner.cached[row]].clone())
+        runner.cached[row] = start_lens[row]
+    return statistics.median(times)
+
+
+def profile_split(runner: PoolRunner, rows: list[int]) -> dict[str, float]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        decode_steps(runner, rows, 3)
+    total = 0.0
+    split: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.key.startswith("aten::") or event.key.startswith("mkldnn::") or "radixlm" in event.key:
+            pass
+        self_us = event.self_cpu_time_total
+        total += self_us
+        name = event.key.lower()
+        cat = next((c for c, keys in CATEGORIES if any(k in name for k in keys)), "rest")
+        if "compute_logits" in name:
+            cat = "LM head"
+        split[cat] = split.get(cat, 0.0) + self_us
+    return {k: 100 * v / total for k, v in sorted(split.items(), key=lambda kv: -kv[1])}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seq-len", type=int, default=400)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--configs", nargs="+",
+                   default=["fp32:torch_native", "fp32:cpu_paged", "bf16:cpu_paged",
+                            "int8:cpu_paged"])
+    p.add_argument("--profile", action="store_true")
+    args = p.parse_args()
+    torch.set_grad_enabled(False)
+    print(f"threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
+          f"{os.environ.get('OMP_WAIT_POLICY', 'default')}, batch {args.batch}, "
+          f"seq {args.seq_len}")
+    built = {c: build(c, args.batch, args.seq_len, args.steps) for c in args.configs}
+    results: dict[str, list[float]] = {c: [] for c in args.configs}
+    for _ in range(args.rounds):
+        for c, (runner, rows) in built.items():
+            results[c].append(decode_steps(runner, rows, args.steps))
+    base = statistics.median(results[args.configs[0]])
+    print(f"{'config':<22}{'step ms':>10}{'vs first':>10}  rounds (ms)")
+    for c, times in results.items():
+        med = statistics.median(times)
+        print(f"{c:<22}{med * 1e3:>10.1f}{base / med:>9.2f}x  "
+              + " ".join(f"{t * 1e3:.1f}" for t in times))
+    if args.profile:
+        for c, (runner, rows) in built.items():
+            split = profile_split(runner, rows)
+            print(c, ", ".join(f"{k} {v:.0f}%" for k, v in split.items()))
+
+
+if __name__ == "__main__":
+    main()
