@@ -9,8 +9,8 @@
 //    quantizes each row of x to int8, at::_int_mm (oneDNN s8s8 -> s32) does
 //    the product, one pass applies both scales (and the bias).
 //
-// Plain C++ loops; `#pragma omp simd` lets the compiler vectorize the
-// reductions for the CPU it is built on (the set-up builds it per machine).
+// Plain C++ loops written so the compiler vectorizes them for the CPU it is
+// built on (the set-up builds it per machine, -march=native); no intrinsics.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -27,6 +27,35 @@ namespace {
 template <typename T>
 inline float to_float(T x) {
   return static_cast<float>(x);
+}
+
+// q . k over n elements. Sixteen independent partial sums (one vector register's
+// lanes) let the compiler vectorize without reassociating a single running sum.
+constexpr int64_t kLanes = 16;
+
+template <typename T>
+inline float dot(const float* q, const T* k, int64_t n) {
+  float partial[kLanes] = {0.0f};
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) partial[l] += q[d + l] * to_float(k[d + l]);
+  }
+  float sum = 0.0f;
+  for (int64_t l = 0; l < kLanes; ++l) sum += partial[l];
+  for (; d < n; ++d) sum += q[d] * to_float(k[d]);
+  return sum;
+}
+
+// Rows of the pool are scattered (slots come from a free list), so the hardware
+// prefetcher cannot follow them: ask for the row a few keys ahead explicitly.
+constexpr int64_t kPrefetchAhead = 16;
+
+template <typename T>
+inline void prefetch_row(const T* row, int64_t n) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) {
+    __builtin_prefetch(p + off, 0, 1);
+  }
 }
 
 // One (request, KV head) task. q rows of the request: [q_len, H, D] at q, rows
@@ -54,15 +83,15 @@ void attend_group(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf,
   }
   // Scores: each key is read once for every row of the group.
   for (int64_t j = 0; j < seq_len; ++j) {
+    if (j + kPrefetchAhead < seq_len) {
+      prefetch_row(k_buf + slots[j + kPrefetchAhead] * kv_stride + kv_head * head_dim, head_dim);
+    }
     const kvT* key = k_buf + slots[j] * kv_stride + kv_head * head_dim;
     const int64_t first_row = std::max<int64_t>(j - prefix, 0);  // rows that see key j
     for (int64_t i = first_row; i < q_len; ++i) {
       for (int64_t g = 0; g < group; ++g) {
         const float* qr = qf.data() + (i * group + g) * head_dim;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < head_dim; ++d) dot += qr[d] * to_float(key[d]);
-        scores[(i * group + g) * seq_len + j] = dot;
+        scores[(i * group + g) * seq_len + j] = dot(qr, key, head_dim);
       }
     }
   }
@@ -84,13 +113,15 @@ void attend_group(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf,
   }
   // Weighted values: each value row is read once.
   for (int64_t j = 0; j < seq_len; ++j) {
+    if (j + kPrefetchAhead < seq_len) {
+      prefetch_row(v_buf + slots[j + kPrefetchAhead] * kv_stride + kv_head * head_dim, head_dim);
+    }
     const kvT* value = v_buf + slots[j] * kv_stride + kv_head * head_dim;
     const int64_t first_row = std::max<int64_t>(j - prefix, 0);
     for (int64_t i = first_row; i < q_len; ++i) {
       for (int64_t g = 0; g < group; ++g) {
         const float p = scores[(i * group + g) * seq_len + j];
         float* a = acc.data() + (i * group + g) * head_dim;
-#pragma omp simd
         for (int64_t d = 0; d < head_dim; ++d) a[d] += p * to_float(value[d]);
       }
     }
