@@ -306,7 +306,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--random-input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--num-prompts", type=int, default=None,
-                   help="Requests per run (default: 4 x concurrency, at least 8).")
+                   help="Requests per run (default: 2 x concurrency, at least 8).")
     p.add_argument("--concurrency", type=int, nargs="*", default=[1],
                    help="Concurrency levels; each is one run.")
     p.add_argument("--request-rate", type=float, default=None,
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
             warm = argparse.Namespace(**{**vars(args), "num_prompts": args.warmup})
             asyncio.run(_run(warm, base_url, build_prompts(warm), 1))
         for level in levels:
-            num = args.num_prompts or max(4 * (level or 1), 8)
+            num = args.num_prompts or max(2 * (level or 1), 8)
             prompts = build_prompts(argparse.Namespace(**{**vars(args), "num_prompts": num}))
             for _ in range(args.repeat):
                 results, duration = asyncio.run(_run(args, base_url, prompts, level))
