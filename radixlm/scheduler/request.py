@@ -150,7 +150,18 @@ class ScheduledReq:
 
     @property
     def input_ids(self) -> list[int]:
-        return self.req.fill_ids[self.prefix_len : self.prefix_len + self.extend_len]
+        """fill_ids[prefix_len : prefix_len + extend_len], without building fill_ids.
+
+        NOTE: runs for every request every step; concatenating prompt and output
+        first would cost time proportional to the sequence length.
+        """
+        req, start, end = self.req, self.prefix_len, self.prefix_len + self.extend_len
+        num_prompt = len(req.origin_input_ids)
+        if start >= num_prompt:
+            return req.output_ids[start - num_prompt : end - num_prompt]
+        if end <= num_prompt:
+            return req.origin_input_ids[start:end]
+        return req.origin_input_ids[start:] + req.output_ids[: end - num_prompt]
 
 
 @dataclass
