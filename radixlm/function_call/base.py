@@ -46,6 +46,9 @@ class ToolParser(BlockFormat, abc.ABC):
     supports_trigger: ClassVar[bool] = True
     # The format's markup strings that tokenizers often hold as single tokens.
     markup: ClassVar[tuple[str, ...]] = ()
+    # Whether tool_choice "auto" is constrained even when not asked for: the model was
+    # never trained on the format (the generic one), so the grammar is what makes it work.
+    constrain_auto: ClassVar[bool] = False
 
     def __init__(self, tools: Sequence[ToolSpec] | None = None) -> None:
         self.tools = list(tools or [])

@@ -134,6 +134,7 @@ class GenericBlock(Block):
 
 class GenericParser(ToolParser):
     name = "generic"
+    constrain_auto = True
 
     def open_inline(self, ch: str, at_start: bool) -> Block | None:
         return GenericBlock(self.tool_names) if ch == "{" and at_start else None
@@ -155,7 +156,7 @@ class GenericParser(ToolParser):
             "type": "object",
             "properties": {
                 "name": {"type": "string", "const": tool.name},
-                "arguments": dict(tool.parameters),
+                "arguments": dict(tool.object_schema),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,

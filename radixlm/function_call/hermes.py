@@ -63,7 +63,7 @@ class HermesParser(ToolParser):
     def _tag(self, tool: ToolSpec) -> Tag:
         return Tag(
             begin=f'{START}\n{{"name": {json.dumps(tool.name)}, "arguments": ',
-            content=Json.of(tool.parameters),
+            content=Json.of(tool.object_schema),
             end=f"}}\n{END}",
         )
 

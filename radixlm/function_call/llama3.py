@@ -88,7 +88,7 @@ class Llama3Parser(ToolParser):
         return f'{{"name": {json.dumps(tool.name)}, "parameters": '
 
     def call_grammar(self, tool: ToolSpec) -> Node:
-        return seq(Lit(self._begin(tool)), Json.of(tool.parameters), Lit("}"))
+        return seq(Lit(self._begin(tool)), Json.of(tool.object_schema), Lit("}"))
 
     def calls_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
         return self._call_list(tools, SEPARATOR, max_calls)
@@ -98,7 +98,7 @@ class Llama3Parser(ToolParser):
         # with "{" (nor with whitespace, which could precede one), where <|python_tag|>
         # must begin a call.
         tags = tuple(
-            Tag(PYTHON_TAG + self._begin(tool), Json.of(tool.parameters), "}") for tool in tools
+            Tag(PYTHON_TAG + self._begin(tool), Json.of(tool.object_schema), "}") for tool in tools
         )
         text = seq(Regex("[^{ \\t\\n\\r]"), Triggered((PYTHON_TAG,), tags, stop_after_first=True))
         return alt(self.calls_grammar(tools, None if parallel else 1), text)

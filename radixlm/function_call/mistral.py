@@ -133,7 +133,7 @@ class MistralParser(ToolParser):
 
     def call_grammar(self, tool: ToolSpec) -> Node:
         begin = f'{{"name": {json.dumps(tool.name)}, "arguments": '
-        return seq(Lit(begin), Json.of(tool.parameters), Lit("}"))
+        return seq(Lit(begin), Json.of(tool.object_schema), Lit("}"))
 
     def calls_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
         return seq(Lit(f"{TOOL_CALLS} ["), self._call_list(tools, ", ", max_calls), Lit("]"))

@@ -212,7 +212,7 @@ class PythonicParser(ToolParser):
         return f"{content}[{', '.join(rendered)}]"
 
     def call_grammar(self, tool: ToolSpec) -> Node:
-        kwargs = kwargs_grammar(tool.parameters, f"the parameters of {tool.name!r}")
+        kwargs = kwargs_grammar(tool.object_schema, f"the parameters of {tool.name!r}")
         return seq(Lit(f"{tool.name}("), kwargs, Lit(")"))
 
     def calls_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:

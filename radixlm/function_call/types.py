@@ -37,6 +37,12 @@ class ToolSpec:
     )
     description: str | None = None
 
+    @property
+    def object_schema(self) -> dict[str, Any]:
+        """The parameters schema, saying `"type": "object"` (a schema without a type would
+        let a grammar write arguments that are not an object)."""
+        return {"type": "object", **self.parameters}
+
     @classmethod
     def from_openai(cls, tool: object, position: int = 0) -> ToolSpec:
         """Validate one entry of a request's `tools` (`{"type": "function", "function": {...}}`)."""

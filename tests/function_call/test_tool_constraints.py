@@ -52,7 +52,7 @@ TOOLS = [
     }),
     ToolSpec("get_time", {"type": "object", "properties": {}}),
 ]
-SCHEMAS = {tool.name: tool.parameters for tool in TOOLS}
+SCHEMAS = {tool.name: tool.object_schema for tool in TOOLS}
 WEATHER = {"location": "Paris \"Île\"", "unit": "celsius"}
 SEARCH = {"query": "東京 café", "filters": {"tags": ["a"], "exact": True}}
 MAX_STEPS = 400
@@ -212,8 +212,8 @@ def test_sampled_outputs_always_parse_into_valid_calls(
     parser_name: str, mode: str, backend: str,
     backends: dict[str, BaseGrammarBackend], preferred_ids: np.ndarray,
 ) -> None:
-    grammar = backends[backend].compile(*build(parser_name, mode, True, backend))
     parser = get_tool_parser(parser_name, TOOLS)
+    grammar = backends[backend].compile(*build(parser_name, mode, True, backend))
     for seed in range(2):
         text = sample(grammar.copy(), backends[backend], seed, preferred_ids)
         content, calls = parser.parse(text)
@@ -226,6 +226,20 @@ def test_sampled_outputs_always_parse_into_valid_calls(
             streamed.feed(ch)
         streamed.finish()
         assert streamed.tool_calls == calls
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+@pytest.mark.parametrize("parser_name", ["hermes", "llama3", "mistral", "generic"])
+def test_parameters_without_a_type_still_give_an_object(
+    parser_name: str, backend: str, backends: dict[str, BaseGrammarBackend],
+    preferred_ids: np.ndarray,
+) -> None:
+    tools = [ToolSpec("note", {})]
+    parser = get_tool_parser(parser_name, tools)
+    grammar = backends[backend].compile(*parser.constraint(tools, ToolChoice("required"), backend=backend))
+    for seed in range(3):
+        calls = parser.parse(sample(grammar.copy(), backends[backend], seed, preferred_ids)).tool_calls
+        assert calls and all(isinstance(json.loads(c.arguments), dict) for c in calls)
 
 
 def test_json_formats_enforce_any_json_schema_keyword(

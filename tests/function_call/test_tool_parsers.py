@@ -30,6 +30,10 @@ CALLS = [
 ]
 
 
+def test_only_the_generic_format_is_constrained_under_auto_by_default() -> None:
+    assert [n for n in PARSERS if get_tool_parser(n).constrain_auto] == ["generic"]
+
+
 def test_registry_has_sglang_names() -> None:
     assert {"hermes", "qwen25", "qwen", "llama3", "mistral", "pythonic", "generic"} <= set(TOOL_PARSERS)
     assert type(get_tool_parser("qwen25")) is type(get_tool_parser("hermes"))
