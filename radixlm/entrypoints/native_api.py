@@ -26,7 +26,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import ConfigDict, model_validator
 from starlette.responses import Response
 
 from radixlm import __version__
@@ -43,6 +43,7 @@ from radixlm.entrypoints.http_utils import (
 )
 from radixlm.entrypoints.openai.errors import APIError, JSONResponse
 from radixlm.entrypoints.server_state import ServerState
+from radixlm.entrypoints.strict import StrictModel
 from radixlm.metrics import CONTENT_TYPE
 from radixlm.tokenizer.request_input import GenerateReqInput
 
@@ -55,8 +56,9 @@ def state_of(request: Request) -> ServerState:
     return request.app.state.server  # type: ignore[no-any-return]
 
 
-class GenerateRequest(BaseModel):
-    """POST /generate body (see GenerateReqInput for the batch rules)."""
+class GenerateRequest(StrictModel):
+    """POST /generate body (see GenerateReqInput for the batch rules). The sampling
+    parameters are checked, as strictly, by SamplingParams.from_dict."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -85,7 +87,7 @@ class GenerateRequest(BaseModel):
         return data
 
 
-class AbortRequest(BaseModel):
+class AbortRequest(StrictModel):
     model_config = ConfigDict(extra="forbid")
 
     rid: str | None = None

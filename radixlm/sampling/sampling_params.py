@@ -8,6 +8,8 @@ which the service turns into an HTTP 400.
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -22,6 +24,22 @@ GRAMMAR_BACKEND_KINDS: dict[str, tuple[str, ...]] = {
     "none": (),
 }
 TOO_MANY_GRAMMARS = "Only one of regex, json_schema, ebnf or structural_tag can be set"
+
+# Ranges that keep float32 sampling finite: logits / temperature and logits / penalty stay
+# far below float32's ~3.4e38 for any logit a model produces. Seeds are int64, as in the
+# OpenAI API and vLLM; sample i of an `n` request uses seed + i (wrapped to 64 bits).
+MAX_TEMPERATURE = 100.0
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 2.0
+MAX_LOGIT_BIAS = 100.0
+MAX_N = 128
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
+_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+                 "repetition_penalty")
+_BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+                "no_stop_trim")
 
 
 @dataclass
@@ -64,11 +82,8 @@ class SamplingParams:
             d.pop("stop", None)
         if d.get("stop_token_ids") is None:
             d.pop("stop_token_ids", None)
-        if isinstance(d.get("logit_bias"), dict):
-            try:
-                d["logit_bias"] = {int(k): float(v) for k, v in d["logit_bias"].items()}
-            except (TypeError, ValueError) as e:
-                raise ValueError("logit_bias must map token ids to numbers") from e
+        if d.get("logit_bias") is not None:
+            d["logit_bias"] = _parse_logit_bias(d["logit_bias"])
         for name in ("json_schema", "structural_tag"):
             if isinstance(d.get(name), dict):  # accept the object itself, not only its text
                 d[name] = json.dumps(d[name])
@@ -111,24 +126,27 @@ class SamplingParams:
             raise ValueError(f"The {backend} grammar backend does not support {grammar[0]} grammars")
 
     def _check_types(self) -> None:
-        for name, kind in (
-            ("max_new_tokens", int), ("min_new_tokens", int), ("top_k", int), ("n", int),
-        ):
+        """JSON types, not coerced: a bool is not an integer, a string not a number."""
+        for name in _INT_FIELDS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, kind):
+            if not _is_int(value):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-        for name in ("temperature", "top_p", "min_p", "frequency_penalty",
-                     "presence_penalty", "repetition_penalty"):
+        for name in _FLOAT_FIELDS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if not _is_number(value):
                 raise ValueError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
             setattr(self, name, float(value))
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
             raise ValueError("stop must be a string or a list of strings")
         if not isinstance(self.stop_token_ids, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids
+            _is_int(t) for t in self.stop_token_ids
         ):
             raise ValueError("stop_token_ids must be a list of integers")
         for name in GRAMMAR_PARAMS:
@@ -138,8 +156,9 @@ class SamplingParams:
 
     def verify(self, vocab_size: int) -> None:
         """Check ranges; raise ValueError naming the first bad field."""
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got "
+                             f"{self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1 or self.top_k == 0:
@@ -150,9 +169,10 @@ class SamplingParams:
             raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         if not -2.0 <= self.presence_penalty <= 2.0:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
-        if not 0.0 < self.repetition_penalty <= 2.0:
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
             raise ValueError(
-                f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}"
+                f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, "
+                f"{MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}"
             )
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
@@ -163,17 +183,53 @@ class SamplingParams:
                 f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "
                 f"({self.max_new_tokens})"
             )
-        if not 1 <= self.n <= 128:
-            raise ValueError(f"n must be in [1, 128], got {self.n}")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be a 64-bit signed integer (in [-2**63, 2**63 - 1]), "
+                             f"got {self.seed}")
         for tid in self.stop_token_ids:
             if not 0 <= tid < vocab_size:
                 raise ValueError(f"stop_token_ids contains {tid}, outside the vocabulary")
         for tid, bias in (self.logit_bias or {}).items():
             if not 0 <= tid < vocab_size:
                 raise ValueError(f"logit_bias has token id {tid}, outside the vocabulary")
-            if not -100.0 <= bias <= 100.0:
-                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, "
+                                 f"{MAX_LOGIT_BIAS:g}], got {bias}")
         if any(s == "" for s in self.stop):
             raise ValueError("stop strings must not be empty")
         if sum(getattr(self, name) is not None for name in GRAMMAR_PARAMS) > 1:
             raise ValueError(TOO_MANY_GRAMMARS)
+
+
+def sample_seed(seed: int | None, index: int) -> int | None:
+    """The seed of sample `index` of a request: seed + index as an unsigned 64-bit value
+    (what torch.Generator.manual_seed takes), so any int64 seed and any n fit."""
+    return None if seed is None else (seed + index) & 0xFFFF_FFFF_FFFF_FFFF
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _parse_logit_bias(raw: Any) -> dict[int, float]:
+    """{token id: bias} from a JSON object whose keys are token ids (as strings or ints)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"logit_bias must be an object mapping token ids to numbers, got "
+                         f"{type(raw).__name__}")
+    out: dict[int, float] = {}
+    for key, value in raw.items():
+        token = key if _is_int(key) else None
+        if isinstance(key, str) and re.fullmatch(r"-?[0-9]+", key):
+            token = int(key)
+        if token is None:
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+        if not _is_number(value) or not math.isfinite(value):
+            raise ValueError(f"logit_bias values must be finite numbers, got {value!r}")
+        out[token] = float(value)
+    return out

@@ -19,11 +19,13 @@ import zmq
 from radixlm.io_struct import (
     AbortReq,
     BatchTokenIDOut,
+    FinishReason,
     FlushCacheReq,
     GetServerInfoReq,
     ProcessError,
     SchedulerReady,
     TokenizedGenerateReq,
+    TokenOut,
 )
 from radixlm.utils import PortArgs, configure_logging, parent_alive
 
@@ -82,7 +84,7 @@ def _loop(scheduler: Any, recv: zmq.Socket, to_detok: zmq.Socket, to_tokenizer: 
         # Grammars still compiling: poll every few ms instead of spinning.
         timeout = 0 if scheduler.can_step_now else 5 if scheduler.has_work else 1000
         while poller.poll(timeout):
-            _handle(scheduler, recv.recv_pyobj(), to_tokenizer)
+            _handle(scheduler, recv.recv_pyobj(), to_tokenizer, to_detok)
             timeout = 0
         if not parent_alive(parent):
             logger.info("Parent process exited; scheduler stops")
@@ -95,9 +97,9 @@ def _loop(scheduler: Any, recv: zmq.Socket, to_detok: zmq.Socket, to_tokenizer: 
                 scheduler.check_integrity()
 
 
-def _handle(scheduler: Any, msg: Any, to_tokenizer: zmq.Socket) -> None:
+def _handle(scheduler: Any, msg: Any, to_tokenizer: zmq.Socket, to_detok: zmq.Socket) -> None:
     if isinstance(msg, TokenizedGenerateReq):
-        scheduler.add_request(msg)
+        _add_request(scheduler, msg, to_detok)
     elif isinstance(msg, AbortReq):
         scheduler.abort(msg)
     elif isinstance(msg, FlushCacheReq):
@@ -113,3 +115,20 @@ def _handle(scheduler: Any, msg: Any, to_tokenizer: zmq.Socket) -> None:
         to_tokenizer.send_pyobj(info)
     else:
         logger.warning("Scheduler got an unknown message: %r", type(msg))
+
+
+def _add_request(scheduler: Any, msg: TokenizedGenerateReq, to_detok: zmq.Socket) -> None:
+    """Add a request; one the scheduler cannot take (a bug in validation) fails alone.
+
+    NOTE: add_request changes no scheduler state before it has built the Req, so a
+    failure here leaves nothing behind; the request ends with a 500 and the loop goes on.
+    """
+    try:
+        scheduler.add_request(msg)
+    except Exception:  # noqa: BLE001 - one bad request must not take the server down
+        logger.exception("Could not add request %s; it fails", msg.rid)
+        reason = FinishReason("abort", message="The server could not start this request",
+                              status_code=500)
+        to_detok.send_pyobj(BatchTokenIDOut([TokenOut(
+            rid=msg.rid, new_token_ids=[], finished_reason=reason,
+            prompt_tokens=len(msg.input_ids), completion_tokens=0, cached_tokens=0)]))

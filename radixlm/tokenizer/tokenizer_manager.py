@@ -36,6 +36,7 @@ from radixlm.io_struct import (
 )
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.multimodal.processor import create_mm_processor
+from radixlm.sampling.sampling_params import sample_seed
 from radixlm.tokenizer.request_input import GenerateReqInput, SingleReq
 from radixlm.tokenizer.validation import validate_request
 from radixlm.utils import PortArgs
@@ -152,7 +153,7 @@ class TokenizerManager:
                                  single.return_text_in_logprobs)
             self.states[rid] = state
             states.append(state)
-            seed = params.seed + i if params.seed is not None else None
+            seed = sample_seed(params.seed, i)
             self.to_scheduler.send_pyobj(TokenizedGenerateReq(
                 rid=rid, input_ids=input_ids, sampling_params=params,
                 return_logprob=single.return_logprob,

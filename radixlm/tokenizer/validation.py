@@ -50,16 +50,15 @@ def validate_request(
             f"The prompt ({len(input_ids)} tokens) plus max_new_tokens "
             f"({params.max_new_tokens}) exceeds the context length ({context_len})"
         )
-    if single.return_logprob:
-        if single.logprob_start_len >= len(input_ids):
-            raise ValueError(
-                f"logprob_start_len ({single.logprob_start_len}) must be less than the "
-                f"prompt length ({len(input_ids)})"
-            )
-        if single.logprob_start_len < -1:
-            raise ValueError("logprob_start_len must be >= 0 (or -1 for none)")
-        if not 0 <= single.top_logprobs_num <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
+    if single.logprob_start_len < -1:
+        raise ValueError("logprob_start_len must be >= 0 (or -1 for none)")
+    if not 0 <= single.top_logprobs_num <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
+    if single.return_logprob and single.logprob_start_len >= len(input_ids):
+        raise ValueError(
+            f"logprob_start_len ({single.logprob_start_len}) must be less than the "
+            f"prompt length ({len(input_ids)})"
+        )
     return params
 
 

@@ -74,3 +74,37 @@ def test_outlines_rejects_what_it_cannot_compile(kind: str) -> None:
 def test_backends_accept_their_kinds(backend: str) -> None:
     for kind in GRAMMAR_BACKEND_KINDS[backend]:
         SamplingParams.from_dict({kind: TEXTS[kind]}).verify_grammar(backend)
+
+
+def test_sample_seeds_wrap_to_64_bits() -> None:
+    import torch
+
+    from radixlm.sampling.sampling_params import SEED_MAX, SEED_MIN, sample_seed
+
+    assert sample_seed(None, 3) is None
+    assert sample_seed(5, 2) == 7
+    for seed in (SEED_MIN, -1, SEED_MAX):
+        for i in (0, 127):
+            value = sample_seed(seed, i)
+            assert value is not None
+            torch.Generator().manual_seed(value)  # fits: no OverflowError
+    assert sample_seed(-1, 0) != sample_seed(-1, 1)
+
+
+@pytest.mark.parametrize("raw,words", [
+    ({"seed": 2**63}, "64-bit"), ({"seed": -(2**63) - 1}, "64-bit"),
+    ({"temperature": float("inf")}, "finite"), ({"top_p": float("nan")}, "finite"),
+    ({"temperature": 101.0}, "temperature"), ({"repetition_penalty": 1e-300}, "repetition"),
+    ({"logit_bias": [1, 2]}, "object"), ({"logit_bias": {"x": 1}}, "token ids"),
+    ({"logit_bias": {"1": float("inf")}}, "finite"), ({"logit_bias": {"1": "2"}}, "finite"),
+    ({"ignore_eos": "yes"}, "true or false"), ({"n": True}, "integer"),
+    ({"max_new_tokens": 2.0}, "integer"),
+])
+def test_bad_values_are_named(raw: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        SamplingParams.from_dict(raw).verify(vocab_size=100)
+
+
+def test_logit_bias_keys_may_be_digit_strings_or_ints() -> None:
+    params = SamplingParams.from_dict({"logit_bias": {"5": 1, 7: -2.5}})
+    assert params.logit_bias == {5: 1.0, 7: -2.5}

@@ -21,14 +21,15 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from radixlm.entrypoints.strict import StrictModel
 from radixlm.sampling.sampling_params import TOO_MANY_GRAMMARS
 
 JSON_OBJECT_SCHEMA = json.dumps({"type": "object"})  # any JSON object
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(StrictModel):
     """`response_format.json_schema`. NOTE: `schema` is held as `schema_` (pydantic's
     BaseModel has a `schema` method); both keys are accepted."""
 
@@ -40,7 +41,7 @@ class JsonSchemaFormat(BaseModel):
     strict: bool | None = None
 
 
-class Structure(BaseModel):
+class Structure(StrictModel):
     """One tag of a structural_tag format: text in `begin ... end` follows `schema`."""
 
     model_config = ConfigDict(populate_by_name=True)
@@ -50,7 +51,7 @@ class Structure(BaseModel):
     end: str
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
     structures: list[Structure] | None = None

@@ -2,8 +2,10 @@
 
 Requests ignore fields they do not know (clients send many optional OpenAI
 fields), but every field they declare is checked for type and range, so a bad
-value is a 400 that names the field. Ranges the runtime also checks
-(`SamplingParams.verify`) are repeated here only where OpenAI documents them.
+value is a 400 that names the field. Types are strict (`StrictModel`): no
+string is a number or a boolean, no boolean an integer, and floats are finite.
+Ranges the runtime also checks (`SamplingParams.verify`) are repeated here where
+OpenAI documents them or where float32 sampling needs them (sampling_params.py).
 Responses are plain models whose `model_dump()` is the wire format.
 """
 
@@ -15,37 +17,49 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from radixlm.entrypoints.openai.grammar import ResponseFormat, request_grammar
+from radixlm.entrypoints.strict import StrictModel
+from radixlm.sampling.sampling_params import (
+    MAX_LOGIT_BIAS,
+    MAX_N,
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    MIN_REPETITION_PENALTY,
+    SEED_MAX,
+    SEED_MIN,
+)
 
 # ---------------------------------------------------------------- requests
 
+LogitBias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
 
-class StreamOptions(BaseModel):
+
+class StreamOptions(StrictModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class _SamplingRequest(BaseModel):
+class _SamplingRequest(StrictModel):
     """Fields shared by completions and chat: OpenAI's, then SGLang's extras."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None  # NOTE: accepted whatever it names, as SGLang does
-    n: int = Field(1, ge=1, le=128)
-    temperature: float = Field(1.0, ge=0.0)
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, LogitBias] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # Extras
-    top_k: int = -1
+    top_k: int = Field(-1, ge=-1)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     min_tokens: int = Field(0, ge=0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
+    repetition_penalty: float = Field(1.0, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -128,29 +142,29 @@ class CompletionRequest(_SamplingRequest):
         return self
 
 
-class ImageURL(BaseModel):
+class ImageURL(StrictModel):
     url: str  # http(s) URL, data URL, base64, or a path under --allowed-local-media-path
     # NOTE: accepted for compatibility; the model's processor decides the resolution.
     detail: Literal["auto", "low", "high"] | None = None
 
 
-class TextPart(BaseModel):
+class TextPart(StrictModel):
     type: Literal["text"]
     text: str
 
 
-class ImagePart(BaseModel):
+class ImagePart(StrictModel):
     type: Literal["image_url"]
     image_url: ImageURL
     # SGLang's hint: "video" makes the URL a video file (as a video_url part would).
     modalities: Literal["image", "multi-images", "video"] | None = None
 
 
-class VideoURL(BaseModel):
+class VideoURL(StrictModel):
     url: str | list[str] = Field(min_length=1)  # a video file, or its frames (image sources)
 
 
-class VideoPart(BaseModel):
+class VideoPart(StrictModel):
     type: Literal["video_url"]
     video_url: VideoURL
 
@@ -158,7 +172,7 @@ class VideoPart(BaseModel):
 ContentPart = Annotated[TextPart | ImagePart | VideoPart, Field(discriminator="type")]
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(StrictModel):
     model_config = ConfigDict(extra="allow")  # template-specific keys pass through
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -208,7 +222,7 @@ class ChatCompletionRequest(_SamplingRequest):
         return self.max_completion_tokens or self.max_tokens
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(StrictModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
@@ -216,7 +230,7 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool = True
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(StrictModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None

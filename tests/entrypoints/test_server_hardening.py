@@ -1,0 +1,172 @@
+"""Hostile clients against the real server (issue 9): each finding of the probe as a
+regression test, then a fuzz test, then kill -9 of the server.
+
+One server on a tiny LLaVA-1.5 checkpoint (a vision model, so image URLs are
+fetched; its byte-level tokenizer makes a prompt of N bytes N tokens) serves the
+module with default security flags and `--watchdog-timeout 3`. After every bad
+request the server must answer a normal one (`_alive`). The last test kills it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from _server_process import ServerProcess
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multimodal"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "models"))
+from _tiny_llava_checkpoint import build_checkpoint  # noqa: E402
+
+WATCHDOG = 3.0  # --watchdog-timeout of the module's server
+PROMPT = "USER: Hi\nASSISTANT:"
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+class Hardened:
+    def __init__(self, srv: ServerProcess, http: httpx.Client) -> None:
+        self.srv = srv
+        self.http = http
+
+
+@pytest.fixture(scope="module")
+def hard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hardened]:
+    root = tmp_path_factory.mktemp("hardening")
+    path = build_checkpoint(root / "model", "llava")
+    srv = ServerProcess(root / "server.log", "--model-path", str(path),
+                        "--watchdog-timeout", str(WATCHDOG))
+    try:
+        srv.wait_healthy()
+        with httpx.Client(base_url=srv.url, timeout=60) as http:
+            yield Hardened(srv, http)
+    finally:
+        srv.stop(signal.SIGKILL, timeout=1)
+
+
+def _alive(hard: Hardened) -> None:
+    """The server answers a normal request normally."""
+    r = hard.http.post("/generate", json={
+        "text": PROMPT, "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["completion_tokens"] == 2
+
+
+def _error(r: httpx.Response, status: int, *words: str) -> str:
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()
+    assert body["object"] == "error" and body["code"] == status, body
+    for w in words:
+        assert w in body["message"], (w, body)
+    return str(body["message"])
+
+
+HUGE = "<1e400>"  # sent as the JSON number 1e400, which parses to infinity
+
+
+def _post(hard: Hardened, route: str, body: Any) -> httpx.Response:
+    """POST `body` as JSON, with HUGE written as a bare 1e400."""
+    raw = json.dumps(body).replace(f'"{HUGE}"', "1e400")
+    return hard.http.post(route, content=raw, headers={"Content-Type": "application/json"})
+
+
+def _routes(sampling: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The three generation routes with the same (OpenAI-named) sampling fields."""
+    native = {("max_new_tokens" if k == "max_tokens" else k): v for k, v in sampling.items()}
+    native.pop("n", None)
+    native["n"] = sampling.get("n", 1)
+    return [
+        ("/v1/completions", {"prompt": "Hello", "max_tokens": 2, **sampling}),
+        ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, **sampling}),
+        ("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 2, **native}}),
+    ]
+
+
+# ---------------------------------------------------------------- 1-4: validation
+
+
+def test_1_a_seed_past_int64_is_400_not_a_dead_server(hard: Hardened) -> None:
+    for route, body in _routes({"seed": 18446744073709551615, "n": 2}):
+        _error(hard.http.post(route, json=body), 400, "seed")
+        _alive(hard)
+    # The largest int64 seed with n samples: sample i uses seed + i, wrapped to 64 bits.
+    for route, body in _routes({"seed": 2**63 - 1, "n": 2, "temperature": 1.0}):
+        assert hard.http.post(route, json=body).status_code == 200, route
+
+
+@pytest.mark.parametrize("sampling,field", [
+    ({"temperature": 1e308}, "temperature"),
+    ({"temperature": "inf"}, "temperature"),
+    ({"temperature": 1e308, "regex": "[a-z]+"}, "temperature"),
+    ({"repetition_penalty": 1e-300}, "repetition_penalty"),
+    ({"top_p": "nan"}, "top_p"),
+    ({"presence_penalty": HUGE}, "infinity"),  # refused by the JSON parser
+])
+def test_2_non_finite_sampling_is_400(hard: Hardened, sampling: dict[str, Any],
+                                      field: str) -> None:
+    for route, body in _routes(sampling):
+        if "regex" in sampling and route == "/generate":
+            body["sampling_params"]["regex"] = sampling["regex"]
+        _error(_post(hard, route, body), 400, field)
+    _alive(hard)
+
+
+@pytest.mark.parametrize("bias,words", [
+    ([1, 2], ["logit_bias", "object"]), ("x", ["logit_bias"]), (5, ["logit_bias"]),
+    ({"abc": 1}, ["logit_bias", "token ids"]), ({"5": "inf"}, ["logit_bias"]),
+    ({"5": True}, ["logit_bias"]), ({"999999": 1}, ["logit_bias", "vocabulary"]),
+])
+def test_3_logit_bias_must_map_token_ids_to_finite_numbers(hard: Hardened, bias: Any,
+                                                           words: list[str]) -> None:
+    r = hard.http.post("/generate", json={"text": "Hello", "sampling_params": {
+        "max_new_tokens": 2, "logit_bias": bias}})
+    _error(r, 400, *words)
+    if isinstance(bias, dict):
+        r = hard.http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2,
+                                                    "logit_bias": bias})
+        _error(r, 400, "logit_bias")
+    _alive(hard)
+
+
+@pytest.mark.parametrize("route,body,field", [
+    ("/generate", {"input_ids": [True, 5]}, "input_ids"),
+    ("/generate", {"text": "Hi", "stream": "yes"}, "stream"),
+    ("/generate", {"text": "Hi", "return_logprob": 1}, "return_logprob"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": "2"}}, "max_new_tokens"),
+    ("/generate", {"text": "Hi", "sampling_params": {"ignore_eos": "yes"}}, "ignore_eos"),
+    ("/generate", {"text": "Hi", "sampling_params": {"temperature": True}}, "temperature"),
+    ("/abort_request", {"abort_all": "yes"}, "abort_all"),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": "2"}, "max_tokens"),
+    ("/v1/completions", {"prompt": "Hi", "stream": "yes"}, "stream"),
+    ("/v1/completions", {"prompt": [True, 1]}, "prompt"),
+    ("/v1/completions", {"prompt": "Hi", "n": 2.0}, "n"),
+    ("/v1/chat/completions", {"messages": CHAT, "logprobs": "true"}, "logprobs"),
+    ("/v1/chat/completions", {"messages": CHAT, "temperature": "0.5"}, "temperature"),
+    ("/v1/tokenize", {"prompt": "Hi", "add_special_tokens": "no"}, "add_special_tokens"),
+    ("/v1/detokenize", {"tokens": [1, False]}, "tokens"),
+])
+def test_4_types_are_not_coerced(hard: Hardened, route: str, body: dict[str, Any],
+                                 field: str) -> None:
+    _error(hard.http.post(route, json=body), 400, field)
+    _alive(hard)
+
+
+def test_4_limits_are_named(hard: Hardened) -> None:
+    for route, body, field in [
+        ("/v1/completions", {"prompt": "Hi", "n": 129}, "n"),
+        ("/v1/completions", {"prompt": "Hi", "logprobs": 21}, "logprobs"),
+        ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 21},
+         "top_logprobs"),
+        ("/generate", {"text": "Hi", "return_logprob": True, "top_logprobs_num": 10**6},
+         "top_logprobs_num"),
+        ("/generate", {"text": "Hi", "logprob_start_len": -5}, "logprob_start_len"),
+        ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 10**30}},
+         "max_new_tokens"),
+    ]:
+        _error(hard.http.post(route, json=body), 400, field)
+    _alive(hard)
