@@ -27,7 +27,7 @@ from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.model_executor.precision import resolve_precision
 from radixlm.model_loader.loader import load_model
 from radixlm.multimodal.mm_inputs import MultimodalInputs
-from radixlm.sampling.sampler import SamplingBatchInfo, compute_logprobs, sample
+from radixlm.sampling.sampler import SamplingBatchInfo, compute_logprobs, sample_checked
 from radixlm.sampling.sampling_params import SamplingParams
 from radixlm.scheduler.request import ForwardResult, InputLogprobs, Req, StepPlan
 from radixlm.server_args import ServerArgs
@@ -193,9 +193,10 @@ class ModelRunner:
                 self.eos_token_ids,
                 device=self.device,
             )
-            # NOTE: sample() edits its input in place; logprobs need the unedited logits.
-            chosen = sample(raw.clone() if want_lp else raw, info)  # [S]
+            # NOTE: sampling edits its input in place; logprobs need the unedited logits.
+            chosen, valid = sample_checked(raw.clone() if want_lp else raw, info)  # [S], [S]
             chosen_list = chosen.tolist()
+            valid_list = valid.tolist()
             if want_lp:
                 idx = torch.tensor(want_lp, device=logits.device)
                 lp = compute_logprobs(
@@ -205,7 +206,8 @@ class ModelRunner:
                     token_lps[sampling[j]] = lp.token_logprobs[k]
                     top_lps[sampling[j]] = lp.top_logprobs[k]
             for j, i in enumerate(sampling):
-                next_ids[i] = chosen_list[j]
+                # A row without a valid distribution (NaN logits) samples no token.
+                next_ids[i] = chosen_list[j] if valid_list[j] else None
 
         for i, item in enumerate(plan.items):
             if item.logprob_positions is None:

@@ -19,11 +19,17 @@ search ~10 ms.
 
 The caller applies grammar masks (-inf) to the logits before `sample`; -inf
 survives every edit above.
+
+A row with no distribution to sample from (a NaN anywhere in it, an infinite
+logit, every token at -inf) never becomes a token: `sample_checked` marks it
+invalid, from values the steps above compute anyway (the greedy row's chosen
+logit, the sampled row's total probability), and the caller ends its request.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -35,10 +41,12 @@ from radixlm.sampling.sampling_params import SamplingParams
 
 __all__ = [
     "LogprobResult",
+    "SampleOutput",
     "SamplingBatchInfo",
     "compute_logprobs",
     "process_logits",
     "sample",
+    "sample_checked",
 ]
 
 
@@ -125,8 +133,19 @@ def process_logits(logits: torch.Tensor, info: SamplingBatchInfo) -> None:
         info.banned.write_to(logits)
 
 
+class SampleOutput(NamedTuple):
+    next_ids: torch.Tensor  # [B] int64; meaningless where not `valid`
+    valid: torch.Tensor  # [B] bool: False where the row had no valid distribution
+
+
 def sample(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """Next token ids [B] int64 from logits [B, V] float32, which may be modified in place.
+    """Next token ids [B] int64 from logits [B, V] float32 (see `sample_checked`)."""
+    return sample_checked(logits, info).next_ids
+
+
+def sample_checked(logits: torch.Tensor, info: SamplingBatchInfo) -> SampleOutput:
+    """Next token ids from logits [B, V] float32, which may be modified in place, and
+    which rows had a valid distribution (finite logits, at least one token allowed).
 
     No device-to-host sync, except top-p rows whose cut lies beyond the
     filters' window (see filters.py).
@@ -139,15 +158,25 @@ def sample(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
         logits = logits.float()
     process_logits(logits, info)
     if info.num_sampled == 0:
-        return _argmax(logits)
+        return _greedy_rows(logits)
     if info.num_greedy == 0:
         return _sample_rows(logits, info)  # may scale `logits` in place
     next_ids = torch.empty(info.batch_size, dtype=torch.int64, device=logits.device)  # [B]
-    greedy_ids = _argmax(logits.index_select(0, info.greedy_rows))  # [G]
-    sampled_ids = _sample_rows(logits.index_select(0, info.sample_rows), info)  # [S]
-    next_ids.index_copy_(0, info.greedy_rows, greedy_ids)
-    next_ids.index_copy_(0, info.sample_rows, sampled_ids)
-    return next_ids
+    valid = torch.empty(info.batch_size, dtype=torch.bool, device=logits.device)  # [B]
+    greedy = _greedy_rows(logits.index_select(0, info.greedy_rows))  # [G]
+    sampled = _sample_rows(logits.index_select(0, info.sample_rows), info)  # [S]
+    for rows, part in ((info.greedy_rows, greedy), (info.sample_rows, sampled)):
+        next_ids.index_copy_(0, rows, part.next_ids)
+        valid.index_copy_(0, rows, part.valid)
+    return SampleOutput(next_ids, valid)
+
+
+def _greedy_rows(logits: torch.Tensor) -> SampleOutput:
+    """The argmax of each row of logits [R, V]; invalid where it is NaN or -inf."""
+    ids = _argmax(logits)  # [R]
+    # NOTE: argmax returns a NaN if the row has one, so one gathered value checks the row.
+    chosen = logits.gather(1, ids.unsqueeze(1)).squeeze(1)  # [R]
+    return SampleOutput(ids, chosen > float("-inf"))
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -158,11 +187,11 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def _sample_rows(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+def _sample_rows(logits: torch.Tensor, info: SamplingBatchInfo) -> SampleOutput:
     """Token ids [S] from the sampled rows' logits [S, V] (scaled in place)."""
     if info.temperatures is not None:
         logits.div_(info.temperatures)
-    probs = torch.softmax(logits, dim=-1)  # [S, V]
+    probs = torch.softmax(logits, dim=-1)  # [S, V]; a NaN or +inf logit makes the row NaN
     if info.filters is not None:
         apply_filters(probs, info.filters)
     uniforms = _draw_uniforms(info, logits.device)  # [S]
@@ -173,7 +202,7 @@ def _sample_rows(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     # the last token with nonzero probability, so never step past it.
     last_allowed = torch.searchsorted(cdf, total)  # [S, 1]
     chosen = torch.minimum(chosen, last_allowed).clamp_(max=info.vocab_size - 1)
-    return chosen.squeeze(1)
+    return SampleOutput(chosen.squeeze(1), (total > 0).squeeze(1))  # NaN > 0 is False
 
 
 def _draw_uniforms(info: SamplingBatchInfo, device: torch.device) -> torch.Tensor:

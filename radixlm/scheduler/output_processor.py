@@ -52,7 +52,13 @@ class OutputProcessor:
                 req.finished_reason = FinishReason("length")
                 continue
             token_id = result.next_token_ids[i]
-            assert token_id is not None
+            if token_id is None:
+                logger.error("Request %s: its logits had no valid distribution (NaN or "
+                             "every token masked); it fails", req.rid)
+                req.finished_reason = FinishReason(
+                    "abort", message="The model produced no valid next-token distribution "
+                    "(NaN or infinite logits) for this request", status_code=500)
+                continue
             req.output_ids.append(token_id)
             req.num_steps_since_send += 1
             self.num_generation_tokens_total += 1

@@ -183,7 +183,9 @@ InputLogprobs = tuple[list[LogprobEntry | None], list[list[LogprobEntry]]]
 class ForwardResult(NamedTuple):
     """What the runner returns for a step, per plan item (same order as `StepPlan.items`)."""
 
-    next_token_ids: list[int | None]  # None where the item does not sample
+    # None where the item does not sample, or where its logits had no valid
+    # distribution (NaN, every token masked): that request then fails.
+    next_token_ids: list[int | None]
     token_logprobs: list[LogprobEntry | None]
     top_logprobs: list[list[LogprobEntry] | None]
     input_logprobs: list[InputLogprobs | None]

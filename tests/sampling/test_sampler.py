@@ -216,3 +216,36 @@ def test_compute_logprobs_matches_log_softmax() -> None:
 def test_empty_batch() -> None:
     ids = sample(torch.zeros(0, 10), make_info([], 10))
     assert ids.shape == (0,)
+
+
+@pytest.mark.parametrize("temperatures", [[0.0] * 5, [0.8] * 5, [0.0, 0.8, 0.0, 0.8, 1.0]])
+def test_rows_without_a_distribution_are_invalid(temperatures: list[float]) -> None:
+    from radixlm.sampling.sampler import sample_checked
+
+    inf = float("inf")
+    logits = torch.randn(5, 16)
+    logits[1, 3] = float("nan")  # one NaN spoils the row
+    logits[2] = -inf  # every token masked
+    logits[3, 5] = inf if temperatures[3] > 0 else float("nan")
+    params = [SamplingParams(temperature=t) for t in temperatures]
+    out = sample_checked(logits.clone(), make_info(params, 16))
+    assert out.valid.tolist() == [True, False, False, False, True]
+    assert all(0 <= t < 16 for t in out.next_ids.tolist())
+    # The batch's good rows sample as they would alone.
+    for row in (0, 4):
+        alone = sample_checked(logits[row : row + 1].clone(), make_info([params[row]], 16))
+        if temperatures[row] == 0:
+            assert alone.next_ids.item() == out.next_ids[row].item()
+
+
+def test_a_penalty_that_makes_nan_is_caught() -> None:
+    from radixlm.sampling.sampler import sample_checked
+
+    logits = torch.full((1, 8), float("-inf"))
+    logits[0, 2] = 1.0  # a grammar allows only token 2, which was already generated
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.5, frequency_penalty=2.0)]
+    info = make_info(params, 8, output_ids=[[2, 2]])
+    out = sample_checked(logits.clone(), info)
+    assert out.valid.tolist() == [True] and out.next_ids.tolist() == [2]
+    logits[0, 2] = float("nan")
+    assert sample_checked(logits.clone(), info).valid.tolist() == [False]

@@ -227,3 +227,34 @@ def test_server_args_are_frozen() -> None:
     args = ServerArgs()
     with pytest.raises(dataclasses.FrozenInstanceError):
         args.port = 1  # type: ignore[misc]
+
+
+def test_a_row_without_a_valid_distribution_fails_its_request_alone() -> None:
+    s = make_scheduler()
+    runner = s.runner
+    real_forward = runner.forward
+
+    def forward(plan: StepPlan) -> ForwardResult:
+        result = real_forward(plan)
+        ids = [None if item.req.rid == "nan" and item.samples else t
+               for item, t in zip(plan.items, result.next_token_ids)]
+        return result._replace(next_token_ids=ids)
+
+    runner.forward = forward  # type: ignore[method-assign]
+    for rid in ("a", "nan", "b"):
+        submit(s, rid, [5, 6, 7])
+    finished: dict[str, object] = {}
+    tokens: dict[str, list[int]] = {}
+    for _ in range(100):
+        if not s.has_work:
+            break
+        for out in s.step():
+            tokens.setdefault(out.rid, []).extend(out.new_token_ids)
+            if out.finished_reason is not None:
+                finished[out.rid] = out.finished_reason
+        s.check_integrity()
+    reason = finished["nan"]
+    assert reason.type == "abort" and reason.status_code == 500  # type: ignore[attr-defined]
+    assert "no valid next-token distribution" in reason.message  # type: ignore[attr-defined]
+    assert tokens["nan"] == []
+    assert tokens["a"] == tokens["b"] == expected([5, 6, 7], 8)
