@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -131,12 +130,10 @@ class ServerState:
         return None
 
     def is_stuck(self) -> bool:
-        """True when requests are pending and the scheduler has sent nothing for longer
-        than --watchdog-timeout."""
+        """True when the scheduler holds requests and has sent nothing for longer than
+        --watchdog-timeout (see TokenizerManager.stalled_seconds)."""
         tm = self.tm
-        if tm is None or not tm.states:
-            return False
-        return time.monotonic() - tm.last_receive_time > self.args.watchdog_timeout
+        return tm is not None and tm.stalled_seconds() > self.args.watchdog_timeout
 
     def engine(self) -> Any:
         """The TokenizerManager; raise a 503 unless serving."""

@@ -1,11 +1,14 @@
 """The TokenizerManager: the asyncio front of the engine.
 
 It validates and tokenizes requests, expands `n` into samples, sends them to
-the scheduler, and turns the detokenizer's text deltas into outputs. Images
-and videos are loaded and preprocessed by its `mm_processor` in worker
-threads (a text-only model's refuses them). A caller that stops listening (a
-client that disconnects, a cancelled task) aborts its request, which frees
-its KV. If a child process dies, every pending and
+the scheduler, and turns the detokenizer's text deltas into outputs.
+Tokenizing runs in `tokenizer_workers` (async_tokenizer.py) and images and
+videos are loaded and preprocessed by its `mm_processor`, both in worker
+threads, so the event loop never blocks on them (a text-only model's
+processor refuses media). A request is validated whole before any of it is
+sent, and whatever it registered is released however it ends. A caller that
+stops listening (a client that disconnects, a cancelled task) aborts its
+request, which frees its KV. If a child process dies, every pending and
 future request fails with `EngineDeadError` instead of hanging.
 """
 
@@ -37,6 +40,7 @@ from radixlm.io_struct import (
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.multimodal.processor import create_mm_processor
 from radixlm.sampling.sampling_params import sample_seed
+from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
 from radixlm.tokenizer.request_input import GenerateReqInput, SingleReq
 from radixlm.tokenizer.validation import validate_request
 from radixlm.utils import PortArgs
@@ -73,6 +77,7 @@ class TokenizerManager:
         self.args = server_args
         self.model_dir = model_dir
         self.tokenizer = tokenizer or load_tokenizer(server_args.tokenizer_path or model_dir)
+        self.tokenizer_workers = AsyncTokenizer(self.tokenizer)
         self.mm_processor = create_mm_processor(server_args, model_dir, self.tokenizer)
         self.ctx = zmq.asyncio.Context(1)
         self.to_scheduler = self.ctx.socket(zmq.PUSH)
@@ -112,28 +117,37 @@ class TokenizerManager:
         self._check_alive()
         singles = obj.normalize()
         prepared = [await self._prepare(s) for s in singles]  # validate all before sending
+        self._check_rids(singles, [params.n for _, params, _ in prepared])
         states: list[_SampleState] = []
-        for single, (input_ids, params, mm_inputs) in zip(singles, prepared):
-            states.extend(self._send(single, input_ids, params, mm_inputs, len(states)))
         try:
+            for single, (input_ids, params, mm_inputs) in zip(singles, prepared):
+                self._send(single, input_ids, params, mm_inputs, states)
             async for out in self._merge(states, obj.stream):
                 yield out
         finally:
-            unfinished = [s for s in states if not s.finished]
-            for s in unfinished:
-                self.abort_request(s.rid)
             for s in states:
+                if not s.finished:
+                    self.abort_request(s.rid)
                 self.states.pop(s.rid, None)
+
+    def _check_rids(self, singles: list[SingleReq], ns: list[int]) -> None:
+        """Refuse a request id already in flight or used twice by one request."""
+        seen: set[str] = set()
+        for single, n in zip(singles, ns):
+            for rid in ([single.rid] if n == 1 else [f"{single.rid}#{i}" for i in range(n)]):
+                if rid in seen or rid in self.states:
+                    raise ValueError(f"Duplicate request id {rid!r}")
+                seen.add(rid)
 
     async def _prepare(self, single: SingleReq
                        ) -> tuple[list[int], Any, MultimodalInputs | None]:
+        vocab_size = self.model_info.get("vocab_size", len(self.tokenizer))
+        context_len = self.model_info.get("context_length", 1 << 30)
         if single.input_ids is not None:
             input_ids = single.input_ids
         else:
             assert single.text is not None
-            input_ids = self.tokenizer.encode(single.text)
-        vocab_size = self.model_info.get("vocab_size", len(self.tokenizer))
-        context_len = self.model_info.get("context_length", 1 << 30)
+            input_ids = await self.tokenizer_workers.encode(single.text, max_tokens=context_len)
         input_ids, mm_inputs = await self.mm_processor.process(
             input_ids, single.image_data or [], single.video_data or [], vocab_size, context_len)
         params = validate_request(single, input_ids, vocab_size, context_len,
@@ -141,15 +155,14 @@ class TokenizerManager:
         return input_ids, params, mm_inputs
 
     def _send(self, single: SingleReq, input_ids: list[int], params: Any,
-              mm_inputs: MultimodalInputs | None, base: int) -> list[_SampleState]:
+              mm_inputs: MultimodalInputs | None, states: list[_SampleState]) -> None:
+        """Register and send the request's samples, appending each to `states` first (so
+        the caller releases whatever was registered, even if sending fails)."""
         n = params.n
         group = f"{single.rid}-{uuid.uuid4().hex[:8]}" if n > 1 else None
-        states = []
         for i in range(n):
             rid = single.rid if n == 1 else f"{single.rid}#{i}"
-            if rid in self.states:
-                raise ValueError(f"Duplicate request id {rid!r}")
-            state = _SampleState(base + i, rid, single.return_logprob,
+            state = _SampleState(len(states), rid, single.return_logprob,
                                  single.return_text_in_logprobs)
             self.states[rid] = state
             states.append(state)
@@ -161,7 +174,6 @@ class TokenizerManager:
                 top_logprobs_num=single.top_logprobs_num, stream=single.stream,
                 group_id=group, seed=seed, mm_inputs=mm_inputs,
             ))
-        return states
 
     async def _merge(self, states: list[_SampleState], stream: bool
                      ) -> AsyncIterator[dict[str, Any]]:
@@ -306,6 +318,14 @@ class TokenizerManager:
 
     # ------------------------------------------------------------------ health
 
+    def stalled_seconds(self) -> float:
+        """How long the scheduler has been silent while it holds a request: 0 when it
+        holds none (finished requests and requests still being prepared don't count)."""
+        pending = [s.created for s in self.states.values() if not s.finished]
+        if not pending:
+            return 0.0
+        return time.monotonic() - max(self.last_receive_time, min(pending))
+
     async def _watchdog(self, is_alive: Callable[[], str | None]) -> None:
         while self.dead_reason is None:
             await asyncio.sleep(0.5)
@@ -335,6 +355,7 @@ class TokenizerManager:
         for t in self._tasks:
             t.cancel()
         self.mm_processor.close()
+        self.tokenizer_workers.close()
         self.to_scheduler.close(linger=0)
         self.recv.close(linger=0)
         self.ctx.term()

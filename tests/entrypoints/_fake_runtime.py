@@ -23,6 +23,7 @@ from typing import Any
 from radixlm.io_struct import FlushCacheOut
 from radixlm.multimodal.processor import BaseMultimodalProcessor, TextOnlyProcessor
 from radixlm.server_args import ServerArgs
+from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
 from radixlm.tokenizer.request_input import GenerateReqInput
 from radixlm.tokenizer.tokenizer_manager import EngineDeadError
 from radixlm.tokenizer.validation import validate_request
@@ -59,6 +60,7 @@ class FakeTokenizerManager:
                  grammar_backend: str = "xgrammar",
                  mm_processor: BaseMultimodalProcessor | None = None) -> None:
         self.tokenizer = tokenizer
+        self.tokenizer_workers = AsyncTokenizer(tokenizer)
         self.mm_processor = mm_processor or TextOnlyProcessor("fake-model")
         self.prepared: list[tuple[list[int], Any]] = []  # (input_ids, mm_inputs) per prompt
         self.grammar_backend = grammar_backend
@@ -84,7 +86,8 @@ class FakeTokenizerManager:
         prepared = []
         vocab, context = self.model_info["vocab_size"], self.model_info["context_length"]
         for s in singles:
-            ids = s.input_ids if s.input_ids is not None else self.tokenizer.encode(s.text)
+            ids = (s.input_ids if s.input_ids is not None
+                   else await self.tokenizer_workers.encode(s.text, max_tokens=context))
             ids, mm = await self.mm_processor.process(ids, s.image_data or [],
                                                       s.video_data or [], vocab, context)
             self.prepared.append((ids, mm))
@@ -197,9 +200,13 @@ class FakeTokenizerManager:
         self.cached.clear()
         return FlushCacheOut(True)
 
+    def stalled_seconds(self) -> float:
+        return time.monotonic() - self.last_receive_time if self.states else 0.0
+
     def close(self) -> None:
         self.closed = True
         self.mm_processor.close()
+        self.tokenizer_workers.close()
 
 
 class FakeRuntime:

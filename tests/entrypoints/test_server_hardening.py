@@ -13,6 +13,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -169,4 +171,69 @@ def test_4_limits_are_named(hard: Hardened) -> None:
          "max_new_tokens"),
     ]:
         _error(hard.http.post(route, json=body), 400, field)
+    _alive(hard)
+
+
+# ---------------------------------------------------------------- 5: no stuck request ids
+
+
+def test_5_a_failed_batch_leaves_no_request_id_behind(hard: Hardened) -> None:
+    sampling = {"max_new_tokens": 2, "ignore_eos": True}
+    for body in [
+        {"text": ["x", "y"], "rid": ["dup", "dup"], "sampling_params": sampling},
+        {"text": ["x", "y"], "rid": "dup", "sampling_params": sampling},  # one rid for both
+        {"text": ["x", "y"], "rid": ["dup", "dup-b"],
+         "sampling_params": [sampling, {"temperature": -1}]},
+    ]:
+        _error(hard.http.post("/generate", json=body), 400)
+        r = hard.http.post("/generate", json={"text": "x", "rid": "dup", "sampling_params": sampling})
+        assert r.status_code == 200, r.text
+    # Idle past --watchdog-timeout: nothing is held, so the scheduler is not "stuck".
+    time.sleep(WATCHDOG + 0.5)
+    assert hard.http.get("/health_generate").status_code == 200
+    info = hard.http.get("/get_server_info").json()
+    assert info["num_running_reqs"] == info["num_waiting_reqs"] == 0
+
+
+# ---------------------------------------------------------------- 6: the event loop
+
+
+def _max_health_latency(hard: Hardened, busy: threading.Thread) -> float:
+    worst = 0.0
+    while busy.is_alive():
+        start = time.monotonic()
+        assert hard.http.get("/health", timeout=30).status_code == 200
+        worst = max(worst, time.monotonic() - start)
+        time.sleep(0.05)
+    return worst
+
+
+def test_6_huge_prompts_neither_block_the_loop_nor_get_tokenized(hard: Hardened) -> None:
+    huge = "hello world " * (16 * 1024 * 1024 // 12)  # 16 MiB
+    results: dict[str, tuple[float, httpx.Response]] = {}
+
+    def send(route: str, body: dict[str, Any]) -> None:
+        start = time.monotonic()
+        r = httpx.post(hard.srv.url + route, json=body, timeout=120)
+        results[route] = (time.monotonic() - start, r)
+
+    busy = [
+        threading.Thread(target=send, args=("/generate", {"text": huge})),
+        threading.Thread(target=send, args=("/v1/completions", {"prompt": huge})),
+        threading.Thread(target=send, args=("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": huge}]})),
+        # Tokenizing 1 MiB here takes ~2 s, in a worker thread.
+        threading.Thread(target=send, args=("/v1/tokenize", {"prompt": huge[: 1 << 20]})),
+    ]
+    for t in busy:
+        t.start()
+    worst = max(_max_health_latency(hard, t) for t in busy)
+    for t in busy:
+        t.join()
+    assert worst < 1.0, f"/health took {worst:.2f} s"
+    for route in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        elapsed, r = results[route]
+        _error(r, 400, "context length")
+        assert elapsed < 10, (route, elapsed)
+    assert results["/v1/tokenize"][1].json()["count"] == 1 << 20
     _alive(hard)

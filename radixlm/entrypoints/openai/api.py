@@ -67,7 +67,7 @@ async def tokenize(request: Request) -> Response:
     tm = state.engine()
     req = await parse_body(request, TokenizeRequest)
     prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-    tokens = [tm.tokenizer.encode(p, add_special_tokens=req.add_special_tokens) for p in prompts]
+    tokens = [await tm.tokenizer_workers.encode(p, req.add_special_tokens) for p in prompts]
     if isinstance(req.prompt, str):
         return JSONResponse({"tokens": tokens[0], "count": len(tokens[0]),
                              "max_model_len": state.context_length})
@@ -87,6 +87,5 @@ async def detokenize(request: Request) -> Response:
         if bad is not None:
             raise APIError(f"Token id {bad} is outside the vocabulary (size {vocab_size})",
                            param="tokens")
-    texts = [tm.tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens)
-             for ids in batch]
+    texts = [await tm.tokenizer_workers.decode(ids, req.skip_special_tokens) for ids in batch]
     return JSONResponse({"text": texts[0] if single else texts})

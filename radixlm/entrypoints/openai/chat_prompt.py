@@ -14,7 +14,9 @@
   the first whose text holds exactly one placeholder per item is used.
 - A model without vision support refuses media with a 400 before rendering.
 - The prompt is the rendered text tokenized without adding special tokens
-  (the template already holds them); the runtime expands each placeholder.
+  (the template already holds them); the runtime expands each placeholder. A
+  text its size proves longer than the context is refused before tokenizing.
+- Blocking (templates, tokenizing): the route runs it in a tokenizer worker.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ def build_chat_prompt(state: ServerState, req: ChatCompletionRequest) -> ChatPro
         text = _render_with_media(state, req, len(images), len(videos))
     else:
         text = _render(state, req, message_dicts(req.messages))
+    try:
+        tm.tokenizer_workers.check_fits(text, state.context_length or 1 << 30)
+    except ValueError as e:
+        raise APIError(str(e), param="messages") from e
     input_ids = list(tm.tokenizer.encode(text, add_special_tokens=False))
     return ChatPrompt(input_ids, images, videos)
 

@@ -54,7 +54,7 @@ from radixlm.tokenizer.request_input import GenerateReqInput
 async def create_chat_completion(request: Request, state: ServerState) -> Response:
     tm = state.engine()
     req = await parse_body(request, ChatCompletionRequest)
-    prompt = build_chat_prompt(state, req)
+    prompt = await tm.tokenizer_workers.run(build_chat_prompt, state, req)
     # None: to the end of the context, known in the runtime once images are expanded.
     params = req.sampling_params(req.max_new_tokens)
     assert state.chat_template is not None

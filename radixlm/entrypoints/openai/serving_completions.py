@@ -46,15 +46,23 @@ from radixlm.entrypoints.openai.utils import (
     num_output_logprobs,
 )
 from radixlm.entrypoints.server_state import ServerState
+from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
 from radixlm.tokenizer.request_input import GenerateReqInput
 
 
-def tokenize_prompts(prompt: Any, tokenizer: Any) -> list[tuple[str, list[int]]]:
-    """(text, token ids) per prompt; the text of a token-id prompt is its decoding."""
-    if isinstance(prompt, str):
-        return [(prompt, tokenizer.encode(prompt))]
-    if all(isinstance(p, str) for p in prompt):
-        return [(p, tokenizer.encode(p)) for p in prompt]
+def tokenize_prompts(prompt: Any, workers: AsyncTokenizer, context_len: int
+                     ) -> list[tuple[str, list[int]]]:
+    """(text, token ids) per prompt; the text of a token-id prompt is its decoding.
+
+    Blocking: run it in a tokenizer worker. A text its size proves longer than
+    the context is refused (ValueError) before it is tokenized.
+    """
+    tokenizer = workers.tokenizer
+    texts = [prompt] if isinstance(prompt, str) else prompt
+    if all(isinstance(p, str) for p in texts):
+        for text in texts:
+            workers.check_fits(text, context_len)
+        return [(p, list(tokenizer.encode(p))) for p in texts]
     if all(isinstance(p, int) for p in prompt):
         prompt = [prompt]
     return [(_safe_decode(tokenizer, ids), list(ids)) for ids in prompt]
@@ -70,7 +78,12 @@ def _safe_decode(tokenizer: Any, ids: list[int]) -> str:
 async def create_completion(request: Request, state: ServerState) -> Response:
     tm = state.engine()
     req = await parse_body(request, CompletionRequest)
-    prompts = tokenize_prompts(req.prompt, tm.tokenizer)
+    workers = tm.tokenizer_workers
+    try:
+        prompts = await workers.run(tokenize_prompts, req.prompt, workers,
+                                    state.context_length or 1 << 30)
+    except ValueError as e:
+        raise APIError(str(e), param="prompt") from e
     want_logprobs = req.logprobs is not None
     obj = GenerateReqInput(
         input_ids=[ids for _, ids in prompts],
