@@ -73,6 +73,7 @@ class DetokenizerManager:
 def run_detokenizer_process(server_args: Any, model_dir: str, ports: PortArgs) -> None:
     configure_logging(server_args.log_level, prefix="detokenizer")
     ctx = zmq.Context(1)
+    ctx.setsockopt(zmq.LINGER, 0)  # never wait on a dead peer at exit
     recv = ctx.socket(zmq.PULL)
     recv.bind(ports.detokenizer_input)
     send = ctx.socket(zmq.PUSH)
@@ -87,6 +88,7 @@ def run_detokenizer_process(server_args: Any, model_dir: str, ports: PortArgs) -
         while parent_alive(parent):
             if poller.poll(1000):
                 send.send_pyobj(manager.handle(recv.recv_pyobj()))
+        os._exit(0)  # the parent died: exit now
     except Exception as e:  # noqa: BLE001 - report, then die
         logger.error("Detokenizer failed:\n%s", traceback.format_exc())
         send.send_pyobj(ProcessError("detokenizer", f"{type(e).__name__}: {e}"))

@@ -54,11 +54,13 @@ class ProcessRuntime:
 
     @classmethod
     async def start(cls, args: ServerArgs) -> ProcessRuntime:
-        from radixlm.entrypoints.launch import launch_children, make_is_alive, stop_children
+        from radixlm.entrypoints.launch import make_is_alive, start_children, stop_children
+        from radixlm.model_loader.default_model import resolve_model_dir
         from radixlm.tokenizer.tokenizer_manager import TokenizerManager
         from radixlm.tokenizer_utils import load_tokenizer
 
-        model_dir, ports, procs = await asyncio.to_thread(launch_children, args)
+        model_dir = await asyncio.to_thread(resolve_model_dir, args.model_path)  # GGUF: slow
+        ports, procs = start_children(args, model_dir)  # on the main thread: see launch.py
         try:
             tokenizer = await asyncio.to_thread(load_tokenizer, args.tokenizer_path or model_dir)
             tm = TokenizerManager(args, model_dir, ports, tokenizer)

@@ -36,11 +36,21 @@ def launch_children(args: ServerArgs) -> tuple[str, PortArgs, list[ChildProcess]
     """Resolve the model folder (converting a GGUF once) and start the children."""
     from radixlm.model_loader.default_model import resolve_model_dir
 
-    prepare_environment()
     model_dir = resolve_model_dir(args.model_path)
+    ports, procs = start_children(args, model_dir)
+    return model_dir, ports, procs
+
+
+def start_children(args: ServerArgs, model_dir: str) -> tuple[PortArgs, list[ChildProcess]]:
+    """Start the scheduler and the detokenizer on `model_dir`.
+
+    NOTE: call it from the main thread where possible: only children started from
+    it get the kernel's parent-death signal (see child_process.py).
+    """
+    prepare_environment()
     ports = PortArgs.create()
     procs = [ChildProcess(kind, (args, model_dir, ports)) for kind in ("scheduler", "detokenizer")]
-    return model_dir, ports, procs
+    return ports, procs
 
 
 def make_is_alive(procs: list[ChildProcess]) -> Callable[[], str | None]:

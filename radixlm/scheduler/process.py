@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 def run_scheduler_process(server_args: Any, model_dir: str, ports: PortArgs) -> None:
     configure_logging(server_args.log_level, prefix="scheduler")
     ctx = zmq.Context(1)
+    ctx.setsockopt(zmq.LINGER, 0)  # never wait on a dead peer at exit
     recv = ctx.socket(zmq.PULL)
     recv.bind(ports.scheduler_input)
     to_detok = ctx.socket(zmq.PUSH)
@@ -47,6 +48,7 @@ def run_scheduler_process(server_args: Any, model_dir: str, ports: PortArgs) -> 
         if scheduler.grammars is not None:
             scheduler.grammars.start()
         _loop(scheduler, recv, to_detok, to_tokenizer)
+        os._exit(0)  # the parent died: exit now, without joining any worker thread
     except Exception as e:  # noqa: BLE001 - report every failure, then die
         logger.error("Scheduler failed:\n%s", traceback.format_exc())
         to_tokenizer.send_pyobj(ProcessError("scheduler", f"{type(e).__name__}: {e}"))

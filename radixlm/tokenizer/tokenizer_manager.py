@@ -80,6 +80,7 @@ class TokenizerManager:
         self.tokenizer_workers = AsyncTokenizer(self.tokenizer)
         self.mm_processor = create_mm_processor(server_args, model_dir, self.tokenizer)
         self.ctx = zmq.asyncio.Context(1)
+        self.ctx.setsockopt(zmq.LINGER, 0)  # closing never waits on a dead child
         self.to_scheduler = self.ctx.socket(zmq.PUSH)
         self.to_scheduler.connect(ports.scheduler_input)
         self.recv = self.ctx.socket(zmq.PULL)

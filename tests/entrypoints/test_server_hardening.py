@@ -1,10 +1,10 @@
 """Hostile clients against the real server (issue 9): each finding of the probe as a
-regression test, then a fuzz test, then kill -9 of the server.
+regression test, then a fuzz test (kill -9 of the server: test_server_lifecycle.py).
 
 One server on a tiny LLaVA-1.5 checkpoint (a vision model, so image URLs are
 fetched; its byte-level tokenizer makes a prompt of N bytes N tokens) serves the
 module with default security flags and `--watchdog-timeout 3`. After every bad
-request the server must answer a normal one (`_alive`). The last test kills it.
+request the server must answer a normal one (`_alive`).
 """
 
 from __future__ import annotations
@@ -237,3 +237,4 @@ def test_6_huge_prompts_neither_block_the_loop_nor_get_tokenized(hard: Hardened)
         assert elapsed < 10, (route, elapsed)
     assert results["/v1/tokenize"][1].json()["count"] == 1 << 20
     _alive(hard)
+
