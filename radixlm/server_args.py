@@ -83,6 +83,9 @@ class ServerArgs:
                                       "download.")
     max_media_bytes: int = _opt(20 * 1024 * 1024, "Largest image or video file accepted "
                                 "(downloaded, decoded from base64 or read from disk).")
+    allow_private_media_urls: bool = _opt(
+        False, "Fetch image and video URLs whose host resolves to a loopback, private, "
+        "link-local or other non-public address (default: refused, against SSRF).")
 
     # Service
     host: str = _opt("127.0.0.1", "Address to bind.")

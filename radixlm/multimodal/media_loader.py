@@ -3,7 +3,10 @@
 An image source is one of:
 - a PIL image or raw bytes (the offline Engine);
 - `data:image/...;base64,...` (a data URL);
-- `http://...` / `https://...`: downloaded with a time limit and a size limit;
+- `http://...` / `https://...`: downloaded with a time limit and a size limit,
+  from public addresses only unless `--allow-private-media-urls`
+  (media_fetcher.py, url_policy.py; the server fetches a request's URLs
+  before its media reach the worker threads, see processor.py);
 - `file://PATH` or a path: read only under `--allowed-local-media-path`, after
   resolving symlinks and `..` (never an arbitrary file of the server);
 - anything else: base64 of the file's bytes.
@@ -11,7 +14,7 @@ An image source is one of:
 A video is a list of frames (each an image source) or one source naming a
 video file, which is decoded (frames sampled evenly) only when PyAV is
 installed. Every failure raises ValueError with the reason, which the HTTP
-layer answers with a 400.
+layer answers with a 400 (for URLs one text for every cause: media_fetcher.py).
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ import binascii
 import io
 import os
 import re
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
+
+from radixlm.multimodal.media_fetcher import MediaFetcher
+from radixlm.multimodal.url_policy import URLPolicy
 
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024  # decompression-bomb guard (width * height)
 MAX_VIDEO_FRAMES = 32  # most frames of one video (a decoded file is sampled down to it)
@@ -38,11 +43,14 @@ class MediaLimits:
     allowed_local_path: str | None = None  # None: no local files
     timeout: float = 10.0  # seconds for a whole download
     max_bytes: int = 20 * 1024 * 1024
+    allow_private_urls: bool = False  # fetch URLs of loopback / private addresses too
 
     @classmethod
     def from_server_args(cls, args: Any) -> MediaLimits:
-        """From ServerArgs: --allowed-local-media-path, --media-fetch-timeout, --max-media-bytes."""
-        return cls(args.allowed_local_media_path, args.media_fetch_timeout, args.max_media_bytes)
+        """From ServerArgs: --allowed-local-media-path, --media-fetch-timeout,
+        --max-media-bytes, --allow-private-media-urls."""
+        return cls(args.allowed_local_media_path, args.media_fetch_timeout, args.max_media_bytes,
+                   args.allow_private_media_urls)
 
 
 class MediaLoader:
@@ -52,6 +60,8 @@ class MediaLoader:
         self.limits = limits
         self.allowed_root = (os.path.realpath(limits.allowed_local_path)
                              if limits.allowed_local_path else None)
+        self.fetcher = MediaFetcher(URLPolicy(limits.allow_private_urls), limits.timeout,
+                                    limits.max_bytes)
 
     def load_image(self, source: Any) -> Image.Image:
         """An RGB image; raise ValueError saying why the source is not one."""
@@ -78,8 +88,8 @@ class MediaLoader:
         source = source.strip()
         if source.startswith("data:"):
             return self._data_url(source)
-        if source.startswith(("http://", "https://")):
-            return self._download(source)
+        if is_url(source):
+            return self.fetcher.fetch_sync(source)
         if source.startswith("file://"):
             return self._local_file(source[len("file://"):])
         compact = "".join(source.split())
@@ -120,34 +130,10 @@ class MediaLoader:
         with open(real, "rb") as f:
             return f.read()
 
-    def _download(self, url: str) -> bytes:
-        import httpx
 
-        limit, timeout = self.limits.max_bytes, self.limits.timeout
-        deadline = time.monotonic() + timeout
-        try:
-            with httpx.stream("GET", url, timeout=timeout, follow_redirects=True) as resp:
-                if resp.status_code != 200:
-                    raise ValueError(f"Fetching {url} failed: HTTP {resp.status_code}")
-                declared = resp.headers.get("content-length")
-                if declared is not None and declared.isdigit() and int(declared) > limit:
-                    raise ValueError(f"The media at {url} is {declared} bytes, more than the "
-                                     f"limit of {limit} (--max-media-bytes)")
-                chunks, size = [], 0
-                for chunk in resp.iter_bytes():
-                    size += len(chunk)
-                    if size > limit:
-                        raise ValueError(f"The media at {url} is more than the limit of "
-                                         f"{limit} bytes (--max-media-bytes)")
-                    if time.monotonic() > deadline:
-                        raise httpx.ReadTimeout("download deadline")
-                    chunks.append(chunk)
-        except httpx.TimeoutException as e:
-            raise ValueError(f"Fetching {url} took more than {timeout:g} s "
-                             f"(--media-fetch-timeout)") from e
-        except httpx.HTTPError as e:
-            raise ValueError(f"Fetching {url} failed: {e}") from e
-        return b"".join(chunks)
+def is_url(source: Any) -> bool:
+    """An http(s) URL source (fetched by MediaFetcher)."""
+    return isinstance(source, str) and source.strip().lower().startswith(("http://", "https://"))
 
 
 def decode_image(data: bytes) -> Image.Image:

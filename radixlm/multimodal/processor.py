@@ -7,7 +7,9 @@ processor on it (resize, anyres tiling, normalize), which also says how many
 placeholder tokens that item takes, and splices that run into the prompt with
 every placeholder replaced by the item's pad value (a hash of its pixels, see
 mm_inputs.py). The work runs in a small thread pool, so the TokenizerManager's
-event loop never blocks.
+event loop never blocks. URLs are fetched first, on the event loop
+(`fetch_urls`, bounded per request and in total, see media_fetcher.py), so a
+slow URL never holds a worker that other requests' images wait for.
 
 Each item goes through the processor alone, not with the request's other
 images: a batched anyres processor pads every image to the most tiles of the
@@ -37,7 +39,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from radixlm.multimodal.media_loader import MAX_VIDEO_FRAMES, MediaLimits, MediaLoader
+from radixlm.multimodal.media_fetcher import MediaFetcher, MediaFetchError
+from radixlm.multimodal.media_loader import MAX_VIDEO_FRAMES, MediaLimits, MediaLoader, is_url
 from radixlm.multimodal.mm_inputs import (
     MultimodalInputs,
     MultimodalItem,
@@ -143,6 +146,7 @@ class HFMultimodalProcessor(BaseMultimodalProcessor):
         places = self._placeholders(input_ids, len(image_data), len(video_data))
         if not places:
             return MMResult(input_ids, None)
+        image_data, video_data = await fetch_urls(self.loader.fetcher, image_data, video_data)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._pool, self._process_sync, input_ids, places, image_data, video_data,
@@ -269,6 +273,32 @@ class HFMultimodalProcessor(BaseMultimodalProcessor):
         from transformers import AutoProcessor
 
         return AutoProcessor.from_pretrained(self.model_dir)
+
+
+async def fetch_urls(fetcher: MediaFetcher, image_data: list[Any], video_data: list[Any]
+                     ) -> tuple[list[Any], list[Any]]:
+    """The media sources with every http(s) URL replaced by its bytes (each URL fetched
+    once, concurrently); ValueError "Image 2: ..." naming the first that failed."""
+    labels: dict[str, str] = {}
+    for modality, items in (("Image", image_data), ("Video", video_data)):
+        for number, item in enumerate(items, 1):
+            for source in item if isinstance(item, list | tuple) else [item]:
+                if is_url(source):
+                    labels.setdefault(source, f"{modality} {number}")
+    if not labels:
+        return image_data, video_data
+    urls = list(labels)
+    try:
+        bodies = dict(zip(urls, await fetcher.fetch_all(urls)))
+    except MediaFetchError as e:
+        raise ValueError(f"{labels[urls[e.index]]}: {e}") from e
+
+    def swap(source: Any) -> Any:
+        if isinstance(source, list | tuple):
+            return [swap(s) for s in source]
+        return bodies.get(source, source) if isinstance(source, str) else source
+
+    return [swap(s) for s in image_data], [swap(v) for v in video_data]
 
 
 def make_item(modality: str, pixel_values: torch.Tensor, extra: dict[str, Any],

@@ -20,10 +20,12 @@ from typing import Any
 
 import httpx
 import pytest
+from _media_server import MediaServer
 from _server_process import ServerProcess
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multimodal"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "models"))
+from _tiny_llava import png_bytes  # noqa: E402
 from _tiny_llava_checkpoint import build_checkpoint  # noqa: E402
 
 WATCHDOG = 3.0  # --watchdog-timeout of the module's server
@@ -238,3 +240,31 @@ def test_6_huge_prompts_neither_block_the_loop_nor_get_tokenized(hard: Hardened)
     assert results["/v1/tokenize"][1].json()["count"] == 1 << 20
     _alive(hard)
 
+
+
+# ---------------------------------------------------------------- 8: media URLs (SSRF)
+
+
+def _image_requests(url: str) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        ("/generate", {"text": "USER: <image>\nHi\nASSISTANT:", "image_data": url,
+                       "sampling_params": {"max_new_tokens": 2}}),
+        ("/v1/chat/completions", {"max_tokens": 2, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Hi"}]}]}),
+    ]
+
+
+def test_8_media_urls_to_private_addresses_are_refused_by_default(hard: Hardened) -> None:
+    with MediaServer({"/cat.png": png_bytes()}) as media:
+        own = hard.srv.url
+        urls = [media.url + "/cat.png", f"http://localhost:{media.port}/cat.png",
+                f"http://[::1]:{media.port}/cat.png", own + "/get_server_info",
+                own + "/flush_cache", "http://169.254.169.254/latest/meta-data/",
+                "http://127.0.0.1:1/closed-port.png", media.url + "/redirect/cat.png"]
+        messages = set()
+        for url in urls:
+            for route, body in _image_requests(url):
+                messages.add(_error(hard.http.post(route, json=body), 400, "Could not fetch"))
+        assert media.hits == []  # refused before connecting
+    assert len(messages) == 1, messages  # one text, whatever the cause: no port scanner
+    _alive(hard)

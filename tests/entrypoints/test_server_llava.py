@@ -1,7 +1,8 @@
 """End to end: the real server on a tiny LLaVA-NeXT checkpoint, through plain HTTP.
 
-One server (`--model-path <tiny folder> --allowed-local-media-path <media>`)
-serves the module. Prompt token counts are checked against transformers'
+One server (`--model-path <tiny folder> --allowed-local-media-path <media>
+--allow-private-media-urls`, so that image URLs of a loopback server started here
+are fetched) serves the module. Prompt token counts are checked against transformers'
 processor on the same folder, and greedy outputs against transformers'
 `generate` (tests/multimodal/_tiny_llava_checkpoint.py). Every bad input must
 get a 400 that says why, and the server must keep serving after it.
@@ -14,6 +15,7 @@ import io
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import Any, NamedTuple
 
 import httpx
 import pytest
+from _media_server import SLOW, MediaServer
 from _server_process import ServerProcess
 from PIL import Image
 
@@ -49,7 +52,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     path = build_checkpoint(root / "model", "llava_next")
     (root / "media").mkdir()
     srv = ServerProcess(root / "server.log", "--model-path", str(path),
-                        "--allowed-local-media-path", str(root / "media"))
+                        "--allowed-local-media-path", str(root / "media"),
+                        "--allow-private-media-urls")
     try:
         srv.wait_healthy()
         with httpx.Client(base_url=srv.url, timeout=120) as http:
@@ -159,6 +163,31 @@ def test_generate_with_base64_and_a_local_path(served: Served) -> None:
     outs = _ok_list(_generate(served.http, [ONE, "Hi there", ONE],
                               [_url(image), None, "file://" + str(served.root / "media/cat.png")]))
     assert [o["output_ids"] for o in outs][::2] == [ref.output_ids] * 2
+
+
+def test_image_urls_with_the_opt_in(served: Served) -> None:
+    image = random_image(40, 30, seed=37)
+    ref = served.ref.generate(ONE, [image], NUM_NEW)
+    with MediaServer({"/cat.png": _png(image)}) as media:
+        for url in (media.url + "/cat.png", media.url + "/redirect/cat.png"):
+            assert _ok(_generate(served.http, ONE, url))["output_ids"] == ref.output_ids
+        assert _content(_chat(served.http, [_chat_image(media.url + "/cat.png")]))
+        r = _generate(served.http, ONE, media.url + "/missing.png")
+        assert r.status_code == 400 and "Could not fetch" in r.json()["message"]
+
+
+def test_slow_urls_do_not_hold_up_other_images(served: Served) -> None:
+    """Issue 9: two slow URLs took both media workers and delayed every image ~9 s."""
+    with MediaServer({"/cat.png": _png(CAT)}) as media, ThreadPoolExecutor(3) as pool:
+        slow = [pool.submit(_generate, served.http, ONE, media.url + "/slow/cat.png")
+                for _ in range(3)]
+        while len(media.hits) < 3:
+            time.sleep(0.02)
+        start = time.monotonic()
+        _ok(_generate(served.http, ONE, _url(DOG)))
+        elapsed = time.monotonic() - start
+        assert all(f.result().status_code == 200 for f in slow)
+    assert elapsed < SLOW / 2, f"a data-URL image waited {elapsed:.1f} s behind slow URLs"
 
 
 def _ok_list(r: httpx.Response) -> list[dict[str, Any]]:
