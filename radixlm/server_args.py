@@ -92,6 +92,13 @@ class ServerArgs:
     port: int = _opt(30000, "Port to bind.")
     api_key: str | None = _opt(None, "Require 'Authorization: Bearer <key>' on every route "
                                "but /health.")
+    allowed_hosts: list[str] | None = _opt(
+        None, "Host header values to serve (against DNS rebinding): names, '*.domain', "
+        "networks, or '*' for any. Default: localhost and loopback addresses when bound to "
+        "a loopback address, else any.", nargs="+")
+    allowed_origins: list[str] | None = _opt(
+        None, "Origins (e.g. http://localhost:8080) whose browser pages may call this "
+        "server, with CORS; '*' for any. Default: the server's own origin only.", nargs="+")
     enable_metrics: bool = _opt(False, "Expose Prometheus metrics at /metrics.")
     log_level: str = _opt("info", "Logging level.")
     max_request_bytes: int = _opt(32 * 1024 * 1024, "Largest accepted request body.")

@@ -34,6 +34,7 @@ from radixlm.entrypoints import native_api, playground
 from radixlm.entrypoints.middleware import install_middleware
 from radixlm.entrypoints.openai import api as openai_api
 from radixlm.entrypoints.openai.errors import install_error_handlers
+from radixlm.entrypoints.security import install_cross_site_protection
 from radixlm.entrypoints.server_state import RuntimeStarter, ServerState
 from radixlm.server_args import ServerArgs
 from radixlm.utils import PortArgs, configure_logging
@@ -97,6 +98,7 @@ def create_app(args: ServerArgs, start_runtime: RuntimeStarter | None = None) ->
     app.state.server = state
     install_error_handlers(app)
     install_middleware(app, args.api_key, args.max_request_bytes)
+    install_cross_site_protection(app, args)  # outermost: before the key and size checks
     app.include_router(native_api.router)
     app.include_router(openai_api.router)
     app.include_router(playground.router)

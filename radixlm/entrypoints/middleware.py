@@ -20,7 +20,7 @@ from radixlm.entrypoints.playground import is_public as is_playground
 PUBLIC_PATHS = frozenset({"/health"})
 
 
-async def _send_error(send: Send, status: int, message: str) -> None:
+async def send_error(send: Send, status: int, message: str) -> None:
     body = orjson.dumps(error_body(message, status))
     headers = [(b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode())]
@@ -30,7 +30,7 @@ async def _send_error(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
+def header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope.get("headers", []):
         if key.lower() == name:
             return bytes(value)
@@ -49,10 +49,10 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or path in PUBLIC_PATHS or is_playground(path):
             await self.app(scope, receive, send)
             return
-        got = _header(scope, b"authorization") or b""
+        got = header(scope, b"authorization") or b""
         if not hmac.compare_digest(got, self.expected):
             reason = "Missing" if not got else "Invalid"
-            await _send_error(send, 401, f"{reason} API key: send 'Authorization: Bearer <key>'")
+            await send_error(send, 401, f"{reason} API key: send 'Authorization: Bearer <key>'")
             return
         await self.app(scope, receive, send)
 
@@ -74,9 +74,9 @@ class BodySizeLimitMiddleware:
             await self.app(scope, receive, send)
             return
         too_large = f"The request body is larger than the limit ({self.max_bytes} bytes)"
-        length = _header(scope, b"content-length")
+        length = header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await _send_error(send, 413, too_large)
+            await send_error(send, 413, too_large)
             return
         received = 0
         started = False
@@ -99,7 +99,7 @@ class BodySizeLimitMiddleware:
             await self.app(scope, limited_receive, tracked_send)
         except _TooLarge:
             if not started:
-                await _send_error(send, 413, too_large)
+                await send_error(send, 413, too_large)
 
 
 def install_middleware(app: Any, api_key: str | None, max_request_bytes: int) -> None:

@@ -2,7 +2,7 @@
 
     POST /generate          text | input_ids, single or batch; streams with `stream`;
                             images and videos in `image_data` / `video_data`
-    GET  /health            200 while serving, 503 while loading, draining or dead
+    GET  /health            200 while serving, 503 while loading, draining or dead (HEAD too)
     GET  /health_generate   generates one token (503 if the scheduler is dead or stuck)
     GET  /get_model_info    model path, context length, vocabulary, image/video input, ...
     GET  /get_server_info   server args + scheduler state (free/used KV tokens, ...)
@@ -127,7 +127,7 @@ async def generate(request: Request) -> Response:
     return sse_response(events())
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health(request: Request) -> Response:
     reason = state_of(request).unhealthy_reason()
     if reason is not None:
@@ -197,7 +197,7 @@ async def get_server_info(request: Request) -> Response:
     return JSONResponse({**args, **info, "version": __version__})
 
 
-@router.api_route("/flush_cache", methods=["POST", "GET"])
+@router.post("/flush_cache")
 async def flush_cache(request: Request) -> Response:
     result = await state_of(request).engine().flush_cache()
     if not result.success:

@@ -29,7 +29,8 @@ def tokenizer() -> Any:
 
 def _client(tm: FakeTokenizerManager, **kwargs: Any) -> TestClient:
     args = ServerArgs(served_model_name="fake-model", **kwargs)
-    return TestClient(create_app(args, fake_starter(tm)), raise_server_exceptions=False)
+    return TestClient(create_app(args, fake_starter(tm)), raise_server_exceptions=False,
+                      base_url="http://localhost")
 
 
 def _wait_ready(client: TestClient, headers: dict[str, str] | None = None) -> None:
@@ -278,7 +279,7 @@ def test_health_is_503_until_ready(tokenizer: Any) -> None:
         return await fake_starter(tm)(args)
 
     app = create_app(ServerArgs(), start)
-    with TestClient(app) as c:
+    with TestClient(app, base_url="http://localhost") as c:
         _assert_error(c.get("/health"), 503, "loading")
         _assert_error(c.post("/generate", json={"text": "x"}), 503)
         c.portal.call(ready_holder[0].set)  # type: ignore[union-attr]

@@ -49,7 +49,8 @@ def _client(model_dir: Path, media_dir: Path | None = None, context_length: int 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tm = FakeTokenizerManager(tok, context_length=context_length,
                               mm_processor=create_mm_processor(args, str(model_dir), tok))
-    return TestClient(create_app(args, fake_starter(tm)), raise_server_exceptions=False), tm
+    return TestClient(create_app(args, fake_starter(tm)), raise_server_exceptions=False,
+                      base_url="http://localhost"), tm
 
 
 @pytest.fixture

@@ -31,7 +31,8 @@ def tokenizer() -> Any:
 
 def _client(tm: FakeTokenizerManager) -> TestClient:
     app = create_app(ServerArgs(served_model_name="fake-model"), fake_starter(tm))
-    return TestClient(app, raise_server_exceptions=False)
+    return TestClient(app, raise_server_exceptions=False,
+                      base_url="http://localhost")
 
 
 @pytest.fixture

@@ -268,3 +268,41 @@ def test_8_media_urls_to_private_addresses_are_refused_by_default(hard: Hardened
         assert media.hits == []  # refused before connecting
     assert len(messages) == 1, messages  # one text, whatever the cause: no port scanner
     _alive(hard)
+
+
+# ---------------------------------------------------------------- 9: cross-site requests
+
+
+def test_9_cross_site_requests_are_refused_and_curl_still_works(hard: Hardened) -> None:
+    url = hard.srv.url
+    body = json.dumps({"text": PROMPT, "sampling_params": {"max_new_tokens": 1}})
+    plain = {"Content-Type": "text/plain"}  # a "simple" request: no CORS preflight
+    for route, data in (("/generate", body), ("/abort_request", '{"abort_all": true}'),
+                        ("/flush_cache", "")):
+        for headers in ({"Origin": "http://evil.example"}, {"Origin": "null"},
+                        {"Origin": f"http://localhost:{hard.srv.port + 1}"},  # same site
+                        {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}):
+            r = hard.http.post(route, content=data, headers={**plain, **headers})
+            _error(r, 403, "refused")
+    for headers in ({"Sec-Fetch-Site": "cross-site"}, {"Origin": "http://evil.example"}):
+        _error(hard.http.get("/get_server_info", headers=headers), 403)  # an <img src> GET
+    # curl -d: a form content type, no Origin. And the server's own page: same origin.
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    for headers in (form, {**form, "Origin": url}, {**form, "Sec-Fetch-Site": "same-origin"},
+                    {**form, "Sec-Fetch-Site": "none"}):
+        assert hard.http.post("/generate", content=body, headers=headers).status_code == 200
+    # State-changing control routes are POST only.
+    _error(hard.http.get("/flush_cache"), 405)
+    assert hard.http.post("/flush_cache").status_code == 200
+    # DNS rebinding: a foreign Host header.
+    for host in ("evil.example", f"evil.example:{hard.srv.port}", "10.0.0.1"):
+        _error(hard.http.get("/v1/models", headers={"Host": host}), 400, "Host")
+    for host in (f"localhost:{hard.srv.port}", f"127.0.0.1:{hard.srv.port}", "127.0.0.1"):
+        assert hard.http.get("/v1/models", headers={"Host": host}).status_code == 200
+    _alive(hard)
+
+
+def test_head_health_answers_like_get(hard: Hardened) -> None:
+    r = hard.http.head("/health")
+    assert r.status_code == 200 and r.content == b""
+    assert hard.http.get("/health").status_code == 200
