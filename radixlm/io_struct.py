@@ -16,6 +16,7 @@ from typing import Any
 
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.utils import public_error_text
 
 # (logprob, token_id)
 LogprobEntry = tuple[float, int]
@@ -31,9 +32,10 @@ class FinishReason:
     status_code: int | None = None  # for an abort that should surface as an HTTP error
 
     def to_json(self) -> dict[str, Any]:
+        """What a client sees (the message without source paths or addresses)."""
         out: dict[str, Any] = {"type": self.type, "matched": self.matched}
         if self.message is not None:
-            out["message"] = self.message
+            out["message"] = public_error_text(self.message)
         return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -53,3 +54,26 @@ def resolve_lazy(entry: Any) -> Any:
         return entry
     module_name, _, name = entry.partition(":")
     return getattr(importlib.import_module(module_name), name)
+
+
+# What an error text must not show a client (the log keeps the original).
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\):.*", re.S)
+_FILE_LINE = re.compile(r'\s*File "[^"]*", line \d+(?:, in [^\s,:]+)?,?')
+_SOURCE_PATH = re.compile(
+    r"(?:[A-Za-z]:)?(?:[\w.~+-]*[/\\])+[\w.+-]+\.(?:c|cc|cpp|cxx|cu|h|hh|hpp|py|pyx|rs|go)"
+    r"(?::\d+){1,2}:?\s*")
+_LOG_TIME = re.compile(r"\[\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\]\s*")
+_ADDRESS = re.compile(r"\s+at 0x[0-9a-fA-F]+|\b0x[0-9a-fA-F]{9,}\b")
+
+
+def public_error_text(text: str) -> str:
+    """`text` without source paths, line numbers, memory addresses or tracebacks: what a
+    library's exception may say, shown to a client (e.g. xgrammar's
+    "[10:32:11] /project/cpp/regex_converter.cc:94: Regex parsing error ..." becomes
+    "Regex parsing error ...", PIL's "<_io.BytesIO object at 0x7f...>" "<_io.BytesIO object>")."""
+    text = _TRACEBACK.sub("", text)
+    text = _FILE_LINE.sub("", text)
+    text = _SOURCE_PATH.sub("", text)
+    text = _LOG_TIME.sub("", text)
+    text = _ADDRESS.sub("", text)
+    return " ".join(text.split())

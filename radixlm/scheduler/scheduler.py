@@ -104,6 +104,7 @@ class Scheduler:
         polled = self.grammars.poll()
         self.waiting.extend(polled.ready)
         for req, message in polled.failed:
+            logger.info("Request %s: %s", req.rid, message)  # the client sees it cleaned
             self._fail(req, message)
 
     def abort(self, msg: AbortReq) -> None:

@@ -6,7 +6,8 @@
 errors (404, 405) and anything unexpected through this body, so a client never
 sees FastAPI's 422 or a traceback: bad input is a 400 that names the problem,
 an unexpected failure is a 500 with a one-line message (the traceback goes to
-the log).
+the log). No message shows source paths, memory addresses or tracebacks that a
+library's exception text may hold (`public_error_text`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+
+from radixlm.utils import public_error_text
 
 _TYPES = {
     400: "BadRequestError",
@@ -50,6 +53,7 @@ class APIError(Exception):
 
     def __init__(self, message: str, status_code: int = 400, param: str | None = None,
                  code: str | int | None = None, err_type: str | None = None) -> None:
+        message = public_error_text(message)
         super().__init__(message)
         self.message = message
         self.status_code = status_code
