@@ -6,6 +6,7 @@ import importlib
 import logging
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,10 @@ class PortArgs:
 
     @classmethod
     def create(cls) -> PortArgs:
-        folder = tempfile.mkdtemp(prefix="radixlm-ipc-")
+        """Endpoints in a new folder named after this process (and remove the folders that
+        dead processes left: a server killed with kill -9 cannot remove its own)."""
+        _remove_stale_ipc_folders()
+        folder = tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-")
         return cls(
             tokenizer_input=f"ipc://{folder}/tokenizer",
             scheduler_input=f"ipc://{folder}/scheduler",
@@ -31,6 +35,29 @@ class PortArgs:
     @property
     def folder(self) -> str:
         return os.path.dirname(self.tokenizer_input.removeprefix("ipc://"))
+
+
+IPC_PREFIX = "radixlm-ipc-"
+
+
+def _remove_stale_ipc_folders() -> None:
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        if not name.startswith(IPC_PREFIX):
+            continue
+        pid, sep, _ = name[len(IPC_PREFIX):].partition("-")  # "<pid>-<random>"
+        if sep and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def configure_logging(level: str = "info", prefix: str = "") -> None:

@@ -3,34 +3,49 @@ regression test, then a fuzz test (kill -9 of the server: test_server_lifecycle.
 
 One server on a tiny LLaVA-1.5 checkpoint (a vision model, so image URLs are
 fetched; its byte-level tokenizer makes a prompt of N bytes N tokens) serves the
-module with default security flags and `--watchdog-timeout 3`. After every bad
+module with default security flags, `--watchdog-timeout 3` and a context of 64
+tokens (so that any generation the fuzzer asks for is short). After every bad
 request the server must answer a normal one (`_alive`).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from _fuzz import body_strategy, bound_cost, sampling_params_strategy
 from _media_server import MediaServer
 from _server_process import ServerProcess
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "multimodal"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "models"))
 from _tiny_llava import png_bytes  # noqa: E402
 from _tiny_llava_checkpoint import build_checkpoint  # noqa: E402
 
+from radixlm.entrypoints.native_api import AbortRequest, GenerateRequest  # noqa: E402
+from radixlm.entrypoints.openai.protocol import (  # noqa: E402
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+
 WATCHDOG = 3.0  # --watchdog-timeout of the module's server
 PROMPT = "USER: Hi\nASSISTANT:"
 CHAT = [{"role": "user", "content": "Hi"}]
+SHORT = {"max_new_tokens": 2}  # the native default (128) is past the context (64)
 
 
 class Hardened:
@@ -44,7 +59,8 @@ def hard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hardened]:
     root = tmp_path_factory.mktemp("hardening")
     path = build_checkpoint(root / "model", "llava")
     srv = ServerProcess(root / "server.log", "--model-path", str(path),
-                        "--watchdog-timeout", str(WATCHDOG))
+                        "--watchdog-timeout", str(WATCHDOG), "--context-length", "64",
+                        "--media-fetch-timeout", "2")
     try:
         srv.wait_healthy()
         with httpx.Client(base_url=srv.url, timeout=60) as http:
@@ -166,9 +182,10 @@ def test_4_limits_are_named(hard: Hardened) -> None:
         ("/v1/completions", {"prompt": "Hi", "logprobs": 21}, "logprobs"),
         ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 21},
          "top_logprobs"),
-        ("/generate", {"text": "Hi", "return_logprob": True, "top_logprobs_num": 10**6},
-         "top_logprobs_num"),
-        ("/generate", {"text": "Hi", "logprob_start_len": -5}, "logprob_start_len"),
+        ("/generate", {"text": "Hi", "return_logprob": True, "top_logprobs_num": 10**6,
+                       "sampling_params": SHORT}, "top_logprobs_num"),
+        ("/generate", {"text": "Hi", "logprob_start_len": -5, "sampling_params": SHORT},
+         "logprob_start_len"),
         ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 10**30}},
          "max_new_tokens"),
     ]:
@@ -306,3 +323,137 @@ def test_head_health_answers_like_get(hard: Hardened) -> None:
     r = hard.http.head("/health")
     assert r.status_code == 200 and r.content == b""
     assert hard.http.get("/health").status_code == 200
+
+
+# ---------------------------------------------------------------- 10: leaks in error texts
+
+LEAKS = ("/project/", ".cc:", ".py:", " at 0x", "Traceback", 'File "')
+
+
+def test_10_error_texts_hold_no_paths_addresses_or_tracebacks(hard: Hardened) -> None:
+    not_an_image = base64.b64encode(b"just some text, not an image").decode()
+    cases = [
+        ("/generate", {"text": "Hi", "sampling_params": {**SHORT, "regex": "(("}},
+         "parenthesis"),
+        ("/generate", {"text": "Hi", "sampling_params": {**SHORT, "ebnf": "root ::= ("}},
+         "grammar"),
+        ("/v1/chat/completions", {"messages": CHAT, "regex": "[a-"}, "grammar"),
+        ("/generate", {"text": "USER: <image>\nHi\nASSISTANT:", "image_data": not_an_image,
+                       "sampling_params": SHORT}, "not a valid image"),
+    ]
+    for route, body, words in cases:
+        message = _error(hard.http.post(route, json=body), 400, words)
+        assert not any(leak in message for leak in LEAKS), message
+    assert "regex_converter.cc" in hard.srv.log_tail(200_000)  # the detail is in the log
+    _alive(hard)
+
+
+# ---------------------------------------------------------------- fuzzing
+
+FUZZ_CASES = [  # route, request model, examples
+    ("/generate", GenerateRequest, 300), ("/v1/completions", CompletionRequest, 200),
+    ("/v1/chat/completions", ChatCompletionRequest, 150), ("/v1/tokenize", TokenizeRequest, 80),
+    ("/v1/detokenize", DetokenizeRequest, 80), ("/abort_request", AbortRequest, 40),
+]
+FUZZ_STATS: Counter[tuple[str, int]] = Counter()
+FUZZ_SECONDS: list[float] = []
+FUZZ = settings(deadline=None, database=None, derandomize=True, print_blob=True,
+                suppress_health_check=list(HealthCheck))
+
+
+def _fuzz_post(hard: Hardened, route: str, content: bytes) -> None:
+    start = time.monotonic()
+    r = hard.http.post(route, content=content, timeout=30,
+                       headers={"Content-Type": "application/json"})
+    elapsed = time.monotonic() - start
+    FUZZ_STATS[(route, r.status_code)] += 1
+    assert r.status_code < 500, (route, content[:2000], r.text[:2000])
+    assert elapsed < 30, (route, content[:2000], elapsed)
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        for line in r.text.splitlines():
+            if line.startswith("data: {") and '"error"' in line[:12]:
+                assert json.loads(line[6:])["error"]["code"] < 500, (route, content, line)
+
+
+@pytest.mark.parametrize("route,model,num_examples", FUZZ_CASES,
+                         ids=[c[0] for c in FUZZ_CASES])
+def test_fuzz_bodies(hard: Hardened, route: str, model: Any, num_examples: int) -> None:
+    """Bodies drawn from the route's own request model (tests/entrypoints/_fuzz.py):
+    never a 5xx, never a hang, and the server serves normally afterwards."""
+    start = time.monotonic()
+
+    @settings(FUZZ, max_examples=num_examples)
+    @given(body=body_strategy(model.model_json_schema()).map(bound_cost))
+    def case(body: Any) -> None:
+        _fuzz_post(hard, route, json.dumps(body).encode())  # may hold NaN / Infinity
+
+    case()
+    FUZZ_SECONDS.append(time.monotonic() - start)
+    _alive(hard)
+
+
+def test_fuzz_sampling_params(hard: Hardened) -> None:
+    """Every body's one anomaly in its sampling parameters, native and OpenAI-named."""
+    start = time.monotonic()
+    prompts = st.sampled_from([{"text": "Hello"}, {"input_ids": [1, 2, 3]},
+                               {"text": ["a", "b"]}, {"text": "USER: Hi\nASSISTANT:"}])
+
+    @settings(FUZZ, max_examples=400)
+    @given(prompt=prompts, params=sampling_params_strategy().map(bound_cost),
+           stream=st.booleans())
+    def native(prompt: dict[str, Any], params: Any, stream: bool) -> None:
+        body = {**prompt, "sampling_params": params, "stream": stream}
+        _fuzz_post(hard, "/generate", json.dumps(body).encode())
+
+    @settings(FUZZ, max_examples=200)
+    @given(params=sampling_params_strategy().map(bound_cost), chat=st.booleans())
+    def openai(params: Any, chat: bool) -> None:
+        if not isinstance(params, dict):
+            return
+        names = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+        body = {names.get(k, k): v for k, v in params.items()}
+        body.update({"messages": CHAT} if chat else {"prompt": "Hello"})
+        _fuzz_post(hard, "/v1/chat/completions" if chat else "/v1/completions",
+                   json.dumps(body).encode())
+
+    native()
+    openai()
+    FUZZ_SECONDS.append(time.monotonic() - start)
+    _alive(hard)
+
+
+def test_fuzz_raw_bytes_methods_and_paths(hard: Hardened, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    start = time.monotonic()
+    routes = [c[0] for c in FUZZ_CASES] + ["/flush_cache"]
+
+    @settings(FUZZ, max_examples=150)
+    @given(route=st.sampled_from(routes), content=st.binary(max_size=300))
+    def raw(route: str, content: bytes) -> None:
+        _fuzz_post(hard, route, content)
+
+    @settings(FUZZ, max_examples=80)
+    @given(method=st.sampled_from(["GET", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
+           path=st.sampled_from(routes + ["/health", "/health_generate", "/get_model_info",
+                                          "/get_server_info", "/metrics", "/v1/models"])
+           | st.text(st.characters(codec="ascii", categories=["L", "N"]), max_size=20).map(
+               lambda s: "/v1/models/" + s))
+    def other(method: str, path: str) -> None:
+        r = hard.http.request(method, path, timeout=30)
+        FUZZ_STATS[(f"{method} {path.split('/v1/models/')[0] or '/v1/models/<id>'}",
+                    r.status_code)] += 1
+        assert r.status_code < 500, (method, path, r.text)
+
+    raw()
+    other()
+    FUZZ_SECONDS.append(time.monotonic() - start)
+    _alive(hard)
+    info = hard.http.get("/get_server_info").json()
+    assert info["kv_integrity"] == "ok", info
+    assert hard.http.get("/health").status_code == 200
+    by_status = Counter[int]()
+    for (_, status), count in FUZZ_STATS.items():
+        by_status[status] += count
+    with capsys.disabled():
+        print(f"\nfuzz: {sum(by_status.values())} cases in {sum(FUZZ_SECONDS):.0f} s, "
+              f"statuses {dict(sorted(by_status.items()))}")

@@ -7,14 +7,19 @@ SIGTERM is checked by the shared server's teardown (see conftest.py).
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
 from _server_process import ServerProcess, child_pids, process_name
+
+from radixlm.utils import PortArgs
 
 
 def test_child_death_makes_server_exit_nonzero(tmp_path: Path) -> None:
@@ -102,3 +107,8 @@ def _kill_9_while_streaming(srv: ServerProcess) -> None:
     assert not left, f"still running 5 s after kill -9 of the server: {left}"
     for t in threads:
         t.join(10)
+    # The IPC folder it could not remove goes when the next engine starts.
+    stale = glob.glob(os.path.join(tempfile.gettempdir(), f"radixlm-ipc-{srv.proc.pid}-*"))
+    assert len(stale) == 1, stale
+    shutil.rmtree(PortArgs.create().folder)
+    assert not os.path.exists(stale[0])
