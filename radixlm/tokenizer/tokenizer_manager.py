@@ -116,7 +116,9 @@ class TokenizerManager:
         samples), `text`, `output_ids` and `meta_info`; stream chunks add `delta`.
         """
         self._check_alive()
-        singles = obj.normalize()
+        # NOTE: normalizing and validating walk every token id in Python: in a worker, so
+        # a request of millions of ids leaves the event loop free (the GIL switches).
+        singles = await self.tokenizer_workers.run(obj.normalize)
         prepared = [await self._prepare(s) for s in singles]  # validate all before sending
         self._check_rids(singles, [params.n for _, params, _ in prepared])
         states: list[_SampleState] = []
@@ -146,13 +148,17 @@ class TokenizerManager:
         context_len = self.model_info.get("context_length", 1 << 30)
         if single.input_ids is not None:
             input_ids = single.input_ids
+            if len(input_ids) >= context_len:  # media only add tokens: refuse it now
+                raise ValueError(f"The prompt has {len(input_ids)} tokens, more than the "
+                                 f"model's context length ({context_len}) allows")
         else:
             assert single.text is not None
             input_ids = await self.tokenizer_workers.encode(single.text, max_tokens=context_len)
         input_ids, mm_inputs = await self.mm_processor.process(
             input_ids, single.image_data or [], single.video_data or [], vocab_size, context_len)
-        params = validate_request(single, input_ids, vocab_size, context_len,
-                                  self.args.grammar_backend, mm_inputs)
+        params = await self.tokenizer_workers.run(
+            validate_request, single, input_ids, vocab_size, context_len,
+            self.args.grammar_backend, mm_inputs)
         return input_ids, params, mm_inputs
 
     def _send(self, single: SingleReq, input_ids: list[int], params: Any,

@@ -229,34 +229,34 @@ def _max_health_latency(hard: Hardened, busy: threading.Thread) -> float:
 
 def test_6_huge_prompts_neither_block_the_loop_nor_get_tokenized(hard: Hardened) -> None:
     huge = "hello world " * (16 * 1024 * 1024 // 12)  # 16 MiB
-    results: dict[str, tuple[float, httpx.Response]] = {}
-
-    def send(route: str, body: dict[str, Any]) -> None:
-        start = time.monotonic()
-        r = httpx.post(hard.srv.url + route, json=body, timeout=120)
-        results[route] = (time.monotonic() - start, r)
-
-    busy = [
-        threading.Thread(target=send, args=("/generate", {"text": huge})),
-        threading.Thread(target=send, args=("/v1/completions", {"prompt": huge})),
-        threading.Thread(target=send, args=("/v1/chat/completions", {
-            "messages": [{"role": "user", "content": huge}]})),
-        # Tokenizing 1 MiB here takes ~2 s, in a worker thread.
-        threading.Thread(target=send, args=("/v1/tokenize", {"prompt": huge[: 1 << 20]})),
+    too_long = [  # each refused before it is tokenized or scanned
+        ("/generate", {"text": huge}), ("/v1/completions", {"prompt": huge}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}),
+        ("/generate", {"input_ids": [1] * 2_000_000, "sampling_params": SHORT}),
+        ("/v1/completions", {"prompt": [1] * 2_000_000}),
     ]
+    # Tokenizing 1 MiB here takes ~2 s, in a worker thread.
+    jobs = too_long + [("/v1/tokenize", {"prompt": huge[: 1 << 20]})]
+    results: dict[int, tuple[float, httpx.Response]] = {}
+
+    def send(i: int) -> None:
+        start = time.monotonic()
+        r = httpx.post(hard.srv.url + jobs[i][0], json=jobs[i][1], timeout=120)
+        results[i] = (time.monotonic() - start, r)
+
+    busy = [threading.Thread(target=send, args=(i,)) for i in range(len(jobs))]
     for t in busy:
         t.start()
     worst = max(_max_health_latency(hard, t) for t in busy)
     for t in busy:
         t.join()
     assert worst < 1.0, f"/health took {worst:.2f} s"
-    for route in ("/generate", "/v1/completions", "/v1/chat/completions"):
-        elapsed, r = results[route]
+    for i, (route, _) in enumerate(too_long):
+        elapsed, r = results[i]
         _error(r, 400, "context length")
         assert elapsed < 10, (route, elapsed)
-    assert results["/v1/tokenize"][1].json()["count"] == 1 << 20
+    assert results[len(too_long)][1].json()["count"] == 1 << 20
     _alive(hard)
-
 
 
 # ---------------------------------------------------------------- 8: media URLs (SSRF)
@@ -398,14 +398,14 @@ def test_fuzz_sampling_params(hard: Hardened) -> None:
     prompts = st.sampled_from([{"text": "Hello"}, {"input_ids": [1, 2, 3]},
                                {"text": ["a", "b"]}, {"text": "USER: Hi\nASSISTANT:"}])
 
-    @settings(FUZZ, max_examples=400)
+    @settings(FUZZ, max_examples=300)
     @given(prompt=prompts, params=sampling_params_strategy().map(bound_cost),
            stream=st.booleans())
     def native(prompt: dict[str, Any], params: Any, stream: bool) -> None:
         body = {**prompt, "sampling_params": params, "stream": stream}
         _fuzz_post(hard, "/generate", json.dumps(body).encode())
 
-    @settings(FUZZ, max_examples=200)
+    @settings(FUZZ, max_examples=150)
     @given(params=sampling_params_strategy().map(bound_cost), chat=st.booleans())
     def openai(params: Any, chat: bool) -> None:
         if not isinstance(params, dict):

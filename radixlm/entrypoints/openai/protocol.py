@@ -14,7 +14,15 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    model_validator,
+)
 
 from radixlm.entrypoints.openai.grammar import ResponseFormat, request_grammar
 from radixlm.entrypoints.strict import StrictModel
@@ -120,7 +128,20 @@ class _SamplingRequest(StrictModel):
         return params
 
 
-Prompt = str | list[str] | list[int] | list[list[int]]
+def _prompt_kind(value: Any) -> str:
+    """Which Prompt member a value is, from its first element: a plain union would validate
+    a 2M-token list against every member (seconds, on the event loop)."""
+    if isinstance(value, str) or not isinstance(value, list) or not value:
+        return "text" if isinstance(value, str) else "texts"
+    first = value[0]
+    return "texts" if isinstance(first, str) else "batch" if isinstance(first, list) else "ids"
+
+
+Prompt = Annotated[
+    Annotated[str, Tag("text")] | Annotated[list[str], Tag("texts")]
+    | Annotated[list[int], Tag("ids")] | Annotated[list[list[int]], Tag("batch")],
+    Discriminator(_prompt_kind),
+]
 
 
 class CompletionRequest(_SamplingRequest):

@@ -65,6 +65,10 @@ def tokenize_prompts(prompt: Any, workers: AsyncTokenizer, context_len: int
         return [(p, list(tokenizer.encode(p))) for p in texts]
     if all(isinstance(p, int) for p in prompt):
         prompt = [prompt]
+    for ids in prompt:
+        if len(ids) >= context_len:  # before decoding it
+            raise ValueError(f"The prompt has {len(ids)} tokens, more than the model's "
+                             f"context length ({context_len}) allows")
     return [(_safe_decode(tokenizer, ids), list(ids)) for ids in prompt]
 
 
