@@ -17,7 +17,9 @@ Origin: it keeps working):
   and port are the Host header's: the server's own page) or listed in
   `--allowed-origins` (`*` for any); else 403. Without an Origin, a
   `Sec-Fetch-Site` of `cross-site` or `same-site` (another port of the same
-  host is the same site, not the same origin) is refused the same way.
+  host is the same site, not the same origin) is refused the same way, except
+  a top-level navigation (a link to the playground from another site: a GET
+  whose page the user sees and no other site's script reads).
 - The origins in `--allowed-origins` also get CORS headers (and preflights),
   so a page served elsewhere can read the answers.
 
@@ -95,6 +97,14 @@ def same_origin(origin: str, host_header: str) -> bool:
         parts.scheme))
 
 
+def _is_navigation(scope: Scope) -> bool:
+    """A top-level browser navigation (typing, a link, a bookmark): GET, mode navigate,
+    destination document (not an <img>, a fetch or a frame)."""
+    mode = (header(scope, b"sec-fetch-mode") or b"").lower()
+    dest = (header(scope, b"sec-fetch-dest") or b"document").lower()
+    return scope.get("method") in ("GET", "HEAD") and mode == b"navigate" and dest == b"document"
+
+
 class CrossSiteMiddleware:
     """Refuses foreign Host headers (400) and cross-site browser requests (403)."""
 
@@ -130,7 +140,7 @@ class CrossSiteMiddleware:
             return 403, (f"Cross-origin request from {text!r} refused; start the server "
                          f"with --allowed-origins to allow that origin")
         fetch_site = (header(scope, b"sec-fetch-site") or b"").decode("latin-1").lower()
-        if fetch_site in ("cross-site", "same-site"):
+        if fetch_site in ("cross-site", "same-site") and not _is_navigation(scope):
             return 403, ("Cross-site request refused (Sec-Fetch-Site: "
                          f"{fetch_site}); pages of other sites cannot use this server")
         return None

@@ -37,7 +37,7 @@ def tokenizer() -> Any:
 def client(tokenizer: Any) -> Iterator[TestClient]:
     args = ServerArgs(served_model_name="fake-model", api_key=KEY)
     app = create_app(args, fake_starter(FakeTokenizerManager(tokenizer)))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with TestClient(app, raise_server_exceptions=False, base_url="http://localhost") as c:
         deadline = time.monotonic() + 10
         while c.get("/health").status_code != 200:
             assert time.monotonic() < deadline

@@ -301,8 +301,15 @@ def test_9_cross_site_requests_are_refused_and_curl_still_works(hard: Hardened) 
                         {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}):
             r = hard.http.post(route, content=data, headers={**plain, **headers})
             _error(r, 403, "refused")
-    for headers in ({"Sec-Fetch-Site": "cross-site"}, {"Origin": "http://evil.example"}):
+    img = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}
+    for headers in (img, {"Sec-Fetch-Site": "cross-site"}, {"Origin": "http://evil.example"},
+                    {**img, "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"}):
         _error(hard.http.get("/get_server_info", headers=headers), 403)  # an <img src> GET
+    # A link from another site to a page: a top-level navigation, which the user sees.
+    link = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate",
+            "Sec-Fetch-Dest": "document"}
+    assert hard.http.get("/", headers=link).status_code == 200
+    _error(hard.http.post("/flush_cache", headers=link), 403)  # a form POST is not a link
     # curl -d: a form content type, no Origin. And the server's own page: same origin.
     form = {"Content-Type": "application/x-www-form-urlencoded"}
     for headers in (form, {**form, "Origin": url}, {**form, "Sec-Fetch-Site": "same-origin"},
