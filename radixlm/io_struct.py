@@ -21,6 +21,19 @@ from radixlm.utils import public_error_text
 # (logprob, token_id)
 LogprobEntry = tuple[float, int]
 
+# A request with n > 1 runs as n samples "<rid>#<i>" (one scheduler request each).
+SAMPLE_ID_SEPARATOR = "#"
+
+
+def sample_rid(rid: str, index: int, num_samples: int) -> str:
+    """The id of sample `index` of request `rid` (the rid itself when n == 1)."""
+    return rid if num_samples == 1 else f"{rid}{SAMPLE_ID_SEPARATOR}{index}"
+
+
+def is_sample_of(sample_id: str, rid: str) -> bool:
+    """Whether `sample_id` is request `rid` or one of its samples."""
+    return sample_id == rid or sample_id.startswith(rid + SAMPLE_ID_SEPARATOR)
+
 
 @dataclass
 class FinishReason:
@@ -48,7 +61,7 @@ class TokenizedGenerateReq:
     input_ids: list[int]
     sampling_params: SamplingParams
     return_logprob: bool = False
-    logprob_start_len: int = -1  # -1: no prompt logprobs
+    logprob_start_len: int | None = None  # first prompt position with a logprob; None: none
     top_logprobs_num: int = 0
     stream: bool = False
     # Requests of one `n > 1` group share a prompt: the scheduler prefills the

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Protocol
 
 
 def load_tokenizer(path: str) -> Any:
@@ -22,6 +22,20 @@ def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
+
+
+class TokenDecoder(Protocol):
+    """What the scheduler and the detokenizer use of a tokenizer: a `DecodeTokenizer` or
+    a full Hugging Face tokenizer."""
+
+    eos_token_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+    def batch_decode(self, sequences: list[list[int]], skip_special_tokens: bool = ...,
+                     **kwargs: Any) -> list[str]: ...
 
 
 class DecodeTokenizer:
@@ -50,12 +64,14 @@ class DecodeTokenizer:
         return [self._tokenizer.id_to_token(i) for i in ids]
 
 
-def load_decode_tokenizer(path: str) -> Any:
+def load_decode_tokenizer(path: str) -> TokenDecoder:
     """A `DecodeTokenizer` when the folder allows one, else the full tokenizer."""
     tokenizer_file = os.path.join(path, "tokenizer.json")
     config_file = os.path.join(path, "tokenizer_config.json")
+    full: TokenDecoder
     if not os.path.isfile(tokenizer_file):
-        return load_tokenizer(path)
+        full = load_tokenizer(path)
+        return full
     config: dict[str, Any] = {}
     if os.path.isfile(config_file):
         with open(config_file) as f:
@@ -64,7 +80,8 @@ def load_decode_tokenizer(path: str) -> Any:
 
     tokenizer = Tokenizer.from_file(tokenizer_file)
     if config.get("clean_up_tokenization_spaces") and type(tokenizer.model).__name__ != "BPE":
-        return load_tokenizer(path)  # transformers' clean-up step changes the text
+        full = load_tokenizer(path)  # transformers' clean-up step changes the text
+        return full
     eos = config.get("eos_token")
     if isinstance(eos, dict):
         eos = eos.get("content")

@@ -44,6 +44,7 @@ from radixlm.entrypoints.http_utils import (
 from radixlm.entrypoints.openai.errors import APIError, JSONResponse
 from radixlm.entrypoints.server_state import ServerState
 from radixlm.entrypoints.strict import StrictModel
+from radixlm.io_struct import is_sample_of
 from radixlm.metrics import CONTENT_TYPE
 from radixlm.tokenizer.request_input import GenerateReqInput
 
@@ -212,8 +213,7 @@ async def abort_request(request: Request) -> Response:
     if body.abort_all:
         tm.abort_request(abort_all=True)
     elif body.rid:
-        # A request with n > 1 runs as samples "<rid>#<i>".
-        rids = [r for r in list(tm.states) if r == body.rid or r.startswith(body.rid + "#")]
+        rids = [r for r in list(tm.states) if is_sample_of(r, body.rid)]
         for rid in rids or [body.rid]:
             tm.abort_request(rid)
     else:

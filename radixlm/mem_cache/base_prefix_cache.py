@@ -92,6 +92,13 @@ class BasePrefixCache(ABC):
         """Undo one `inc_lock_ref(node)`. Raises on a lock count going below zero."""
 
     @abstractmethod
+    def lock_cost(self, node: Any) -> int:
+        """Tokens that `inc_lock_ref(node)` would move out of `evictable_size()` now.
+
+        Lets a caller check that a request fits before it locks the request's prefix.
+        """
+
+    @abstractmethod
     def evict(self, num_tokens: int) -> int:
         """Free at least num_tokens slots from unlocked leaves, LRU first, if there are that many.
 

@@ -43,6 +43,9 @@ class ChunkCache(BasePrefixCache):
     def dec_lock_ref(self, node: Any) -> None:
         pass
 
+    def lock_cost(self, node: Any) -> int:
+        return 0
+
     def evict(self, num_tokens: int) -> int:
         return 0
 

@@ -210,6 +210,14 @@ class RadixCache(BasePrefixCache):
                     self._evictable_leaves.add(node)
             node = node.parent
 
+    def lock_cost(self, node: TreeNode | None) -> int:
+        cost = 0
+        while node is not None and node is not self.root:
+            if node.lock_ref == 0:
+                cost += len(node.key)
+            node = node.parent
+        return cost
+
     # ---- eviction ----
 
     def evict(self, num_tokens: int) -> int:

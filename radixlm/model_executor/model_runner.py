@@ -1,18 +1,20 @@
 """The model runner: loads the model, owns the device memory, runs one step.
 
-The scheduler hands it a `StepPlan` (CPU objects). `forward()` is the only
-place that builds device tensors: it turns the plan into a `ForwardBatch`,
-runs the model, computes logits only for the rows that need them (the last
-token of each sampling request, plus prompt-logprob positions), samples, and
-returns plain Python results.
+The scheduler hands it a `ForwardStep` (plain CPU values, see
+forward_step.py) and gets a `StepResult` back. `forward()` is the only place
+that builds device tensors: it turns the step into a `ForwardBatch`, runs the
+model, computes logits only for the rows that need them (each item's sampled
+rows, plus prompt-logprob positions), applies the step's grammar masks,
+samples, and returns plain Python results. It keeps one piece of state per
+request between steps: a seeded request's RNG, under its rid.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
+from typing import Any, NamedTuple
 
 import torch
 
@@ -24,12 +26,17 @@ from radixlm.mem_cache import create_prefix_cache
 from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model_executor.forward_batch import ForwardBatch
+from radixlm.model_executor.forward_step import (
+    ForwardStep,
+    PromptLogprobs,
+    SamplingSpec,
+    StepResult,
+    VocabMask,
+)
 from radixlm.model_executor.precision import resolve_precision
 from radixlm.model_loader.loader import load_model
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampler import SamplingBatchInfo, compute_logprobs, sample_checked
-from radixlm.sampling.sampling_params import SamplingParams
-from radixlm.scheduler.request import ForwardResult, InputLogprobs, Req, StepPlan
 from radixlm.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -77,6 +84,7 @@ class ModelRunner:
         self.attn_backend = self._create_attention_backend(args.attention_backend)
         self.grammar_mask_seconds = 0.0  # filling + applying grammar masks, all steps
         self.num_grammar_mask_steps = 0
+        self._generators: dict[str, torch.Generator] = {}  # seeded requests' RNGs, by rid
 
     def _create_attention_backend(self, name: str) -> AttentionBackend:
         if name == "auto":
@@ -85,7 +93,7 @@ class ModelRunner:
         logger.info("Attention backend: %s", name)
         return create_attention_backend(name, self.model)
 
-    def _init_memory(self, cfg) -> None:  # type: ignore[no-untyped-def]
+    def _init_memory(self, cfg: Any) -> None:
         num_layers = int(cfg.num_hidden_layers)
         num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
@@ -111,154 +119,166 @@ class ModelRunner:
     # ------------------------------------------------------------------ step
 
     @torch.inference_mode()
-    def forward(self, plan: StepPlan) -> ForwardResult:
-        batch, sample_rows, logprob_rows = self._build_batch(plan)
+    def forward(self, step: ForwardStep) -> StepResult:
+        """Run one forward pass and sample its sampled rows (see forward_step.py)."""
+        for rid in step.released_rids:
+            self._generators.pop(rid, None)
+        batch, layout = self._build_batch(step)
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, hidden]
         assert batch.logits_indices is not None
         logits = self.model.compute_logits(hidden[batch.logits_indices])  # [M, V]
-        return self._sample(plan, logits, sample_rows, logprob_rows)
+        next_ids, token_lps, top_lps = self._sample(step, logits, layout.sample_rows)
+        return StepResult(next_ids, token_lps, top_lps,
+                          self._prompt_logprobs(step, logits, layout.prompt_rows))
 
-    def _build_batch(self, plan: StepPlan) -> tuple[ForwardBatch, list[int], list[tuple[int, int]]]:
+    def _build_batch(self, step: ForwardStep) -> tuple[ForwardBatch, _LogitsLayout]:
         input_ids: list[int] = []
         positions: list[int] = []
-        logits_indices: list[int] = []
-        sample_rows: list[int] = []  # per item: row in logits, or -1
-        logprob_rows: list[tuple[int, int]] = []  # per item: [start, end) rows in logits
+        logits_indices: list[int] = []  # rows of the flattened tokens that get logits
+        layout = _LogitsLayout([], [])
         offset = 0
-        for item in plan.items:
+        for item in step.items:
             input_ids.extend(item.input_ids)
-            positions.extend(range(item.prefix_len, item.prefix_len + item.extend_len))
-            start = len(logits_indices)
-            if item.logprob_positions is not None:
-                lo, hi = item.logprob_positions
-                logits_indices.extend(offset + p - item.prefix_len for p in range(lo, hi))
-            logprob_rows.append((start, len(logits_indices)))
-            if item.samples:
-                sample_rows.append(len(logits_indices))
-                logits_indices.append(offset + item.extend_len - 1)
+            positions.extend(item.positions)
+            spec = item.prompt_logprobs
+            if spec is None:
+                layout.prompt_rows.append(None)
             else:
-                sample_rows.append(-1)
-            offset += item.extend_len
+                first = offset + spec.start - item.prefix_len
+                num = len(spec.target_ids)
+                layout.prompt_rows.append((len(logits_indices), len(logits_indices) + num))
+                logits_indices.extend(range(first, first + num))
+            end = offset + item.extend_len
+            for row in range(end - item.num_sample_rows, end):
+                layout.sample_rows.append(len(logits_indices))
+                logits_indices.append(row)
+            offset = end
         dev = self.device
+        mm = [item.mm_inputs for item in step.items]
         batch = ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            out_cache_loc=plan.out_cache_loc.to(dev),
+            out_cache_loc=step.out_cache_loc.to(dev),
             req_pool_indices=torch.tensor(
-                [it.req.req_pool_idx for it in plan.items], dtype=torch.int64, device=dev
+                [item.req_pool_idx for item in step.items], dtype=torch.int64, device=dev
             ),
             req_to_token=self.req_to_token_pool.req_to_token,
             token_to_kv_pool=self.token_to_kv_pool,
-            prefix_lens=[it.prefix_len for it in plan.items],
-            extend_lens=[it.extend_len for it in plan.items],
+            prefix_lens=[item.prefix_len for item in step.items],
+            extend_lens=[item.extend_len for item in step.items],
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
             attn_backend=self.attn_backend,
-            mm_inputs=_mm_inputs(plan),
+            mm_inputs=_mm_inputs(mm),
         )
-        return batch, sample_rows, logprob_rows
+        return batch, layout
 
     def _sample(
-        self,
-        plan: StepPlan,
-        logits: torch.Tensor,
-        sample_rows: list[int],
-        logprob_rows: list[tuple[int, int]],
-    ) -> ForwardResult:
-        n = len(plan.items)
-        next_ids: list[int | None] = [None] * n
-        token_lps: list[LogprobEntry | None] = [None] * n
-        top_lps: list[list[LogprobEntry] | None] = [None] * n
-        input_lps: list[InputLogprobs | None] = [None] * n
+        self, step: ForwardStep, logits: torch.Tensor, sample_rows: list[int]
+    ) -> tuple[list[int | None], list[LogprobEntry | None], list[list[LogprobEntry] | None]]:
+        """Next token per sampled row (and its logprobs where asked), from logits [M, V].
 
-        sampling = [i for i in range(n) if sample_rows[i] >= 0]
-        if sampling:
-            reqs = [plan.items[i].req for i in sampling]
-            rows = [sample_rows[i] for i in sampling]
-            want_lp = [j for j, r in enumerate(reqs) if r.return_logprob]
-            if rows == list(range(logits.shape[0])):
-                raw = logits  # [S, V]: every row samples, in order (no prompt logprobs)
-            else:
-                raw = logits[torch.tensor(rows, device=logits.device)]  # [S, V], a copy
-            if any(r.grammar is not None for r in reqs):
-                start = time.perf_counter()
-                _apply_grammar_masks(raw, reqs, self.vocab_size)
-                self.grammar_mask_seconds += time.perf_counter() - start
-                self.num_grammar_mask_steps += 1
-            info = SamplingBatchInfo.from_params(
-                [_effective_params(r) for r in reqs],
-                [r.output_ids for r in reqs],
-                [r.generator for r in reqs],
-                self.vocab_size,
-                self.eos_token_ids,
-                device=self.device,
-            )
-            # NOTE: sampling edits its input in place; logprobs need the unedited logits.
-            chosen, valid = sample_checked(raw.clone() if want_lp else raw, info)  # [S], [S]
-            chosen_list = chosen.tolist()
-            valid_list = valid.tolist()
-            if want_lp:
-                idx = torch.tensor(want_lp, device=logits.device)
-                lp = compute_logprobs(
-                    raw[idx], chosen[idx], [reqs[j].top_logprobs_num for j in want_lp]
-                )
-                for k, j in enumerate(want_lp):
-                    token_lps[sampling[j]] = lp.token_logprobs[k]
-                    top_lps[sampling[j]] = lp.top_logprobs[k]
-            for j, i in enumerate(sampling):
-                # A row without a valid distribution (NaN logits) samples no token.
-                next_ids[i] = chosen_list[j] if valid_list[j] else None
+        A row without a valid distribution (a NaN or infinite logit, every token masked)
+        samples no token: None, and the scheduler fails that request alone.
+        """
+        rids: list[str] = []
+        specs: list[SamplingSpec] = []
+        for item in step.items:
+            if item.num_sample_rows:
+                assert item.sampling is not None, "a sampled item needs its SamplingSpec"
+                rids.extend([item.rid] * item.num_sample_rows)
+                specs.extend([item.sampling] * item.num_sample_rows)
+        num_rows = len(specs)
+        token_lps: list[LogprobEntry | None] = [None] * num_rows
+        top_lps: list[list[LogprobEntry] | None] = [None] * num_rows
+        if not num_rows:
+            return [], token_lps, top_lps
+        if sample_rows == list(range(logits.shape[0])):
+            raw = logits  # [S, V]: every row samples, in order (no prompt logprobs)
+        else:
+            raw = logits[torch.tensor(sample_rows, device=logits.device)]  # [S, V], a copy
+        if step.vocab_mask is not None:
+            start = time.perf_counter()
+            _apply_vocab_mask(raw, step.vocab_mask)
+            self.grammar_mask_seconds += time.perf_counter() - start
+            self.num_grammar_mask_steps += 1
+        info = SamplingBatchInfo.from_params(
+            [s.params for s in specs],
+            [s.output_ids for s in specs],
+            [self._generator(rid, s.seed) for rid, s in zip(rids, specs)],
+            self.vocab_size,
+            self.eos_token_ids,
+            device=self.device,
+            num_output_tokens=[s.num_output_tokens for s in specs],
+        )
+        want_lp = [j for j, s in enumerate(specs) if s.return_logprob]
+        # NOTE: sampling edits its input in place; logprobs need the unedited logits.
+        checked = sample_checked(raw.clone() if want_lp else raw, info)
+        chosen = checked.next_ids  # [S]
+        if want_lp:
+            idx = torch.tensor(want_lp, device=logits.device)
+            lp = compute_logprobs(raw[idx], chosen[idx], [specs[j].top_logprobs_num for j in want_lp])
+            for k, j in enumerate(want_lp):
+                token_lps[j] = lp.token_logprobs[k]
+                top_lps[j] = lp.top_logprobs[k]
+        next_ids: list[int | None] = [
+            t if ok else None for t, ok in zip(chosen.tolist(), checked.valid.tolist())]
+        return next_ids, token_lps, top_lps
 
-        for i, item in enumerate(plan.items):
-            if item.logprob_positions is None:
+    def _generator(self, rid: str, seed: int | None) -> torch.Generator | None:
+        """A seeded request's own RNG, created at its first sampled row."""
+        if seed is None:
+            return None
+        generator = self._generators.get(rid)
+        if generator is None:
+            generator = self._generators[rid] = torch.Generator().manual_seed(seed)
+        return generator
+
+    def _prompt_logprobs(
+        self, step: ForwardStep, logits: torch.Tensor, prompt_rows: list[tuple[int, int] | None]
+    ) -> list[PromptLogprobs | None]:
+        out: list[PromptLogprobs | None] = []
+        for item, rows in zip(step.items, prompt_rows):
+            spec = item.prompt_logprobs
+            if spec is None or rows is None:
+                out.append(None)
                 continue
-            start, end = logprob_rows[i]
-            lo, hi = item.logprob_positions
-            targets = item.req.origin_input_ids[lo + 1 : hi + 1]
+            targets = spec.target_ids
             # NOTE: an image's pad ids are >= vocab_size: scored as token 0, reported as None.
             lp = compute_logprobs(
-                logits[start:end],
+                logits[rows[0] : rows[1]],
                 torch.tensor([t if t < self.vocab_size else 0 for t in targets],
                              dtype=torch.int64, device=logits.device),
-                [item.req.top_logprobs_num] * len(targets),
+                [spec.top_logprobs_num] * len(targets),
             )
-            token_lps_in: list[LogprobEntry | None] = [
+            token_lps: list[LogprobEntry | None] = [
                 e if t < self.vocab_size else None for e, t in zip(lp.token_logprobs, targets)]
-            input_lps[i] = (token_lps_in, list(lp.top_logprobs))
-        return ForwardResult(next_ids, token_lps, top_lps, input_lps)
+            out.append(PromptLogprobs(token_lps, list(lp.top_logprobs)))
+        return out
 
 
-def _mm_inputs(plan: StepPlan) -> list[MultimodalInputs | None] | None:
+class _LogitsLayout(NamedTuple):
+    """Where a step's rows sit in its logits [M, V]."""
+
+    sample_rows: list[int]  # logits row of each sampled row, in step order
+    prompt_rows: list[tuple[int, int] | None]  # per item: [start, end) of its prompt logprobs
+
+
+def _mm_inputs(mm: list[MultimodalInputs | None]) -> list[MultimodalInputs | None] | None:
     """Each item's images / videos, or None when the step has none (the text path)."""
-    mm = [item.req.mm_inputs for item in plan.items]
     return mm if any(m is not None for m in mm) else None
 
 
-def _effective_params(req: Req) -> SamplingParams:
-    """The request's sampling params, except that a grammar decides where the output may
-    end: min_new_tokens must not ban EOS where the grammar allows nothing else."""
-    params = req.sampling_params
-    if req.grammar is not None and params.min_new_tokens > 0:
-        return dataclasses.replace(params, min_new_tokens=0)
-    return params
+def _apply_vocab_mask(logits: torch.Tensor, mask: VocabMask) -> None:
+    """Constrained rows of logits [S, V] get -inf where their grammar forbids the token,
+    in one operation for the batch. Logprobs are then taken from the masked logits: the
+    distribution actually sampled."""
+    from radixlm.constrained.base_grammar_backend import apply_vocab_mask
+
+    apply_vocab_mask(logits, mask.bitmask, mask.rows)
 
 
-def _apply_grammar_masks(logits: torch.Tensor, reqs: list[Req], vocab_size: int) -> None:
-    """Constrained rows of logits [S, V] get -inf where their grammar forbids the token.
-
-    One bitmask for the batch: each grammar fills its row, one call applies them all.
-    Logprobs are then taken from the masked logits: the distribution actually sampled.
-    """
-    rows = [j for j, req in enumerate(reqs) if req.grammar is not None]
-    from radixlm.constrained.base_grammar_backend import allocate_vocab_mask, apply_vocab_mask
-
-    mask = allocate_vocab_mask(len(reqs), vocab_size)  # [S, ceil(V/32)] int32
-    for j in rows:
-        reqs[j].grammar.fill_vocab_mask(mask, j)  # type: ignore[union-attr]
-    apply_vocab_mask(logits, mask, rows)
-
-
-def _eos_ids(config, model_dir: str) -> set[int]:  # type: ignore[no-untyped-def]
+def _eos_ids(config: Any, model_dir: str) -> set[int]:
     ids: set[int] = set()
     for source in (config, _generation_config(model_dir)):
         eos = getattr(source, "eos_token_id", None) if source is not None else None
@@ -269,7 +289,7 @@ def _eos_ids(config, model_dir: str) -> set[int]:  # type: ignore[no-untyped-def
     return ids
 
 
-def _generation_config(model_dir: str):  # type: ignore[no-untyped-def]
+def _generation_config(model_dir: str) -> Any:
     try:
         from transformers import GenerationConfig
 

@@ -13,6 +13,7 @@ and the OpenAI API do; vLLM's repetition penalty also counts the prompt):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 
@@ -39,16 +40,18 @@ class Penalties:
     def build(
         cls,
         params: list[SamplingParams],
-        output_ids: list[list[int]],
+        output_ids: Sequence[Sequence[int] | None],
         vocab_size: int,
         device: torch.device,
     ) -> Penalties | None:
         """Count each row's output tokens on the CPU; None when no row needs a penalty."""
-        rows = [i for i, p in enumerate(params) if p.has_penalties and output_ids[i]]
-        if not rows:
+        outputs = [(i, ids) for i, (p, ids) in enumerate(zip(params, output_ids))
+                   if p.has_penalties and ids]
+        if not outputs:
             return None
-        lens = torch.tensor([len(output_ids[i]) for i in rows])  # [R]
-        ids = torch.tensor(list(chain.from_iterable(output_ids[i] for i in rows)))  # [T]
+        rows = [i for i, _ in outputs]
+        lens = torch.tensor([len(ids) for _, ids in outputs])  # [R]
+        ids = torch.tensor(list(chain.from_iterable(ids for _, ids in outputs)))  # [T]
         batch_rows = torch.repeat_interleave(torch.tensor(rows), lens)  # [T]
         cells, counts = torch.unique(batch_rows * vocab_size + ids, return_counts=True)  # [N]
         cell_rows = cells // vocab_size  # [N]
@@ -118,15 +121,16 @@ def build_logit_bias(params: list[SamplingParams], device: torch.device) -> Spar
 
 def build_banned(
     params: list[SamplingParams],
-    output_ids: list[list[int]],
+    num_output_tokens: Sequence[int],
     eos_token_ids: set[int],
     device: torch.device,
 ) -> SparseLogits | None:
-    """-inf cells for EOS and stop_token_ids of rows still short of min_new_tokens."""
+    """-inf cells for EOS and stop_token_ids of rows still short of min_new_tokens
+    (`num_output_tokens[row]`: how many tokens the row generated so far)."""
     cells = [
         (row, token, float("-inf"))
         for row, p in enumerate(params)
-        if len(output_ids[row]) < p.min_new_tokens
+        if num_output_tokens[row] < p.min_new_tokens
         for token in sorted(eos_token_ids.union(p.stop_token_ids))
     ]
     return SparseLogits.build(cells, device)

@@ -28,6 +28,7 @@ logit, the sampled row's total probability), and the caller ends its request.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -83,20 +84,26 @@ class SamplingBatchInfo:
     def from_params(
         cls,
         params: list[SamplingParams],
-        output_ids: list[list[int]],
+        output_ids: Sequence[Sequence[int] | None],
         generators: list[torch.Generator | None],
         vocab_size: int,
         eos_token_ids: set[int],
         device: str | torch.device = "cpu",
+        num_output_tokens: Sequence[int] | None = None,
     ) -> SamplingBatchInfo:
         """Describe one step; every list is per request, in batch order.
 
         output_ids: the tokens each request generated so far (penalties and
-        min_new_tokens read them). generators: a request's own RNG (seeded
-        requests) or None for the global RNG; greedy rows ignore theirs.
+        min_new_tokens read them), or None for a row whose penalties and
+        min_new_tokens do not need them. num_output_tokens: how many tokens
+        each row generated (default: len(output_ids[i])). generators: a
+        request's own RNG (seeded requests) or None for the global RNG;
+        greedy rows ignore theirs.
         """
         if not len(params) == len(output_ids) == len(generators):
             raise ValueError("params, output_ids and generators must have one entry per request")
+        if num_output_tokens is None:
+            num_output_tokens = [len(ids or ()) for ids in output_ids]
         dev = torch.device(device)
         greedy = [i for i, p in enumerate(params) if p.is_greedy]
         sampled = [i for i, p in enumerate(params) if not p.is_greedy]
@@ -119,7 +126,7 @@ class SamplingBatchInfo:
             generators=[g for i in sampled if (g := generators[i]) is not None],
             penalties=Penalties.build(params, output_ids, vocab_size, dev),
             logit_bias=build_logit_bias(params, dev),
-            banned=build_banned(params, output_ids, eos_token_ids, dev),
+            banned=build_banned(params, num_output_tokens, eos_token_ids, dev),
         )
 
 

@@ -17,9 +17,12 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
+from radixlm.model_executor.forward_step import VocabMask
 from radixlm.scheduler.request import Req
+from radixlm.scheduler.step_plan import ScheduledReq
+from radixlm.server_args import ServerArgs
 
 if TYPE_CHECKING:
     from radixlm.constrained.base_grammar_backend import BaseGrammarBackend, GrammarError
@@ -36,7 +39,7 @@ class GrammarPoll(NamedTuple):
 class GrammarManager:
     def __init__(
         self,
-        server_args: Any,
+        server_args: ServerArgs,
         tokenizer_path: str,
         vocab_size: int,
         eos_token_ids: set[int],
@@ -142,3 +145,27 @@ class GrammarManager:
             self.cache.shutdown()
         if self._builder is not None:
             self._builder.shutdown(wait=False, cancel_futures=True)
+
+
+def build_vocab_mask(items: list[ScheduledReq], vocab_size: int) -> VocabMask | None:
+    """The step's grammar masks: one bitmask over its sampled rows, each constrained
+    request's grammar filling its row; None when no sampled row is constrained."""
+    constrained = [item.req.grammar is not None and item.num_sample_rows > 0 for item in items]
+    if not any(constrained):
+        return None
+    from radixlm.constrained.base_grammar_backend import allocate_vocab_mask
+
+    num_rows = sum(item.num_sample_rows for item in items)
+    bitmask = allocate_vocab_mask(num_rows, vocab_size)  # [S, ceil(V/32)] int32, all allowed
+    rows: list[int] = []
+    row = 0
+    for item, has_grammar in zip(items, constrained):
+        if has_grammar:
+            grammar = item.req.grammar
+            assert grammar is not None
+            # NOTE: one row per request; drafted rows (speculative decoding) would need
+            # the grammar advanced along the draft for each further row.
+            grammar.fill_vocab_mask(bitmask, row)
+            rows.append(row)
+        row += item.num_sample_rows
+    return VocabMask(bitmask, rows)

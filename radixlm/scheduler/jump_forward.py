@@ -22,13 +22,13 @@ the request then just samples its next token as usual.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from radixlm.scheduler.request import Req
 
 if TYPE_CHECKING:
     from radixlm.constrained.base_grammar_backend import BaseGrammarObject
-    from radixlm.scheduler.kv_manager import KVManager
+    from radixlm.tokenizer_utils import TokenDecoder
 
 MAX_RETOKENIZE_TOKENS = 8  # how far back the tail may be retokenized
 NUM_CONTEXT_TOKENS = 4  # tokens before the tail decoded to check the text is unchanged
@@ -40,7 +40,7 @@ class JumpPlan(NamedTuple):
 
 
 def plan_jump(
-    output_ids: list[int], first_replaceable: int, forced_text: str, tokenizer: Any
+    output_ids: list[int], first_replaceable: int, forced_text: str, tokenizer: TokenDecoder
 ) -> JumpPlan | None:
     """How to append `forced_text` to `output_ids`, replacing only tokens from
     `first_replaceable` on; None when no retokenization keeps the text exact."""
@@ -65,43 +65,43 @@ def plan_jump(
 
 
 class JumpForward:
-    """Applies jump-forward to constrained requests right after they accept a token."""
+    """Plans jump-forward for constrained requests right after they accept a token."""
 
-    def __init__(self, tokenizer: Any, context_len: int) -> None:
+    def __init__(self, tokenizer: TokenDecoder, context_len: int) -> None:
         self.tokenizer = tokenizer
         self.context_len = context_len
 
-    def try_jump(self, req: Req, kv: KVManager) -> int:
-        """Append the forced tokens of `req`'s grammar; return how many tokens were
-        appended after the kept output (0 when nothing was forced or the jump was abandoned).
+    def plan(self, req: Req) -> JumpPlan | None:
+        """How to append the text `req`'s grammar forces (num_keep counts output tokens),
+        or None when nothing is forced or no retokenization keeps the text exact.
 
-        Modifies req.output_ids, the grammar state and req.kv_len (slots of
-        replaced tokens go back to the pool).
+        Changes nothing: the caller rolls the grammar over with `swap_tokens` and
+        then truncates the KV and replaces the output tail.
         """
         grammar = req.grammar
         if grammar is None or req.finished or req.return_logprob:
-            return 0
+            return None
         forced = grammar.try_jump_forward()
         if forced is None or len(forced) <= 1:
-            return 0
-        prompt_len = len(req.origin_input_ids)
-        first = max(req.num_sent_tokens, req.cached_len - prompt_len)
-        plan = plan_jump(req.output_ids, first, forced, self.tokenizer)
+            return None
+        num_output = req.num_output_tokens
+        first = max(req.num_sent_tokens, req.cached_len - req.num_prompt_tokens)
+        # Only the last few output tokens can change: plan on that window alone.
+        window_start = max(max(first, num_output - MAX_RETOKENIZE_TOKENS) - NUM_CONTEXT_TOKENS, 0)
+        window = req.output_tail(window_start)
+        plan = plan_jump(window, max(first - window_start, 0), forced, self.tokenizer)
         if plan is None:
-            return 0
-        limit = min(req.sampling_params.max_new_tokens, self.context_len - prompt_len)
-        new_ids = plan.new_ids[: max(limit - plan.num_keep, 0)]
-        old_ids = req.output_ids[plan.num_keep :]
-        if not new_ids or not _swap_tokens(grammar, old_ids, new_ids):
-            return 0
-        kv.truncate(req, min(req.kv_len, prompt_len + plan.num_keep))
-        req.output_ids[plan.num_keep :] = new_ids
-        req.num_jump_forward_tokens += len(new_ids) - len(old_ids)
-        return len(new_ids)
+            return None
+        num_keep = window_start + plan.num_keep
+        limit = min(req.sampling_params.max_new_tokens,
+                    self.context_len - req.num_prompt_tokens)
+        new_ids = plan.new_ids[: max(limit - num_keep, 0)]
+        return JumpPlan(num_keep, new_ids) if new_ids else None
 
 
-def _swap_tokens(grammar: BaseGrammarObject, old_ids: list[int], new_ids: list[int]) -> bool:
-    """Roll `old_ids` back and accept `new_ids`; on a rejection restore the old state."""
+def swap_tokens(grammar: BaseGrammarObject, old_ids: list[int], new_ids: list[int]) -> bool:
+    """Roll `old_ids` back and accept `new_ids`; on a rejection restore the old state
+    and return False."""
     from radixlm.constrained.base_grammar_backend import GrammarError
 
     grammar.rollback(len(old_ids))
@@ -116,7 +116,7 @@ def _swap_tokens(grammar: BaseGrammarObject, old_ids: list[int], new_ids: list[i
     return True
 
 
-def _decode(tokenizer: Any, ids: list[int]) -> str:
+def _decode(tokenizer: TokenDecoder, ids: list[int]) -> str:
     return str(tokenizer.decode(ids, skip_special_tokens=False))
 
 

@@ -2,19 +2,34 @@
 
 Every KV slot is in exactly one of three places: free in the pool, owned by
 the prefix cache, or owned by one running request (`Req.num_own_slots`).
-`check_integrity()` asserts that identity; tests call it after every engine
-run. Admission, extension and release are the only ways slots move.
+`check_integrity()` asserts that identity (with the pools' and the cache's
+own checks, a double free included); engine and server tests run it after
+their requests. Admission, extension, truncation and release are the only
+ways slots move.
+
+The KVManager is the only writer of the req_to_token table (`_write_row`)
+and of a request's memory fields (req_pool_idx, kv_len, cached_len,
+last_node), so a future rank that mirrors the table needs those writes only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import torch
 
-from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
+from radixlm.mem_cache.base_prefix_cache import BasePrefixCache, check_kv_accounting
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.scheduler.request import Req
+
+
+class PrefixMatch(NamedTuple):
+    """The cached prefix a request would get if admitted now."""
+
+    kv_indices: torch.Tensor  # [L] int64 the cache's slots for the first L tokens
+    last_node: Any  # the node to lock
+    lock_cost: int  # slots that locking takes out of what eviction could free
 
 
 class KVManager:
@@ -36,34 +51,36 @@ class KVManager:
         """Slots a step could get: free ones plus those eviction could free."""
         return self.kv_pool.available_size() + self.cache.evictable_size()
 
+    def has_free_row(self) -> bool:
+        return self.req_pool.available_size() > 0
+
+    def match(self, req: Req) -> PrefixMatch:
+        """The cached prefix `req` would get now (locks nothing)."""
+        if not self.shares_prefixes:
+            empty = torch.empty(0, dtype=torch.int64, device=self.kv_pool.device)
+            return PrefixMatch(empty, None, 0)
+        match = self.cache.match_prefix(req.token_ids[: req.max_prefix_len])
+        return PrefixMatch(match.kv_indices, match.last_node, self.cache.lock_cost(match.last_node))
+
     def prefix_hit_len(self, req: Req) -> int:
         """Length of the cached prefix `req` would get now (for lpm ordering)."""
-        if not self.shares_prefixes:
-            return 0
-        key = req.fill_ids[: req.max_prefix_len]
-        return len(self.cache.match_prefix(key).kv_indices)
-
-    def can_admit(self) -> bool:
-        return self.req_pool.available_size() > 0
+        return len(self.match(req).kv_indices) if self.shares_prefixes else 0
 
     # ------------------------------------------------------------------ actions
 
-    def admit(self, req: Req) -> None:
-        """Give `req` a request row and lock its cached prefix.
+    def admit(self, req: Req, match: PrefixMatch) -> None:
+        """Give `req` a request row and lock `match` (from `match(req)`, just before).
 
-        Sets req_pool_idx, kv_len == cached_len == prefix hit, last_node.
+        Sets req_pool_idx, kv_len == cached_len == the prefix hit, last_node.
         """
         row = self.req_pool.alloc()
-        assert row is not None, "admit() without can_admit()"
+        assert row is not None, "admit() without has_free_row()"
         req.req_pool_idx = row
-        if not self.shares_prefixes:
-            req.kv_len = req.cached_len = 0
-            return
-        match = self.cache.match_prefix(req.fill_ids[: req.max_prefix_len])
         n = len(match.kv_indices)
+        if n:
+            self._write_row(row, 0, match.kv_indices)
         self.cache.inc_lock_ref(match.last_node)
         req.last_node = match.last_node
-        self.req_pool.req_to_token[row, :n] = match.kv_indices
         req.kv_len = req.cached_len = n
 
     def alloc_slots(self, num_tokens: int) -> torch.Tensor | None:
@@ -76,7 +93,11 @@ class KVManager:
     def assign_slots(self, req: Req, start: int, slots: torch.Tensor) -> None:
         """Record `slots` as the KV of req's tokens [start, start + len(slots))."""
         assert req.req_pool_idx is not None
-        self.req_pool.req_to_token[req.req_pool_idx, start : start + len(slots)] = slots
+        self._write_row(req.req_pool_idx, start, slots)
+
+    def advance(self, req: Req, kv_len: int) -> None:
+        """The forward pass computed req's tokens up to `kv_len`."""
+        req.kv_len = kv_len
 
     def truncate(self, req: Req, kv_len: int) -> None:
         """Drop the KV of req's tokens [kv_len, req.kv_len): their slots go back to the pool.
@@ -86,9 +107,7 @@ class KVManager:
         """
         assert req.cached_len <= kv_len <= req.kv_len, (req.cached_len, kv_len, req.kv_len)
         if kv_len < req.kv_len:
-            assert req.req_pool_idx is not None
-            row = self.req_pool.req_to_token[req.req_pool_idx]
-            self.kv_pool.free(row[kv_len : req.kv_len].clone())
+            self.kv_pool.free(self._row(req)[kv_len : req.kv_len].clone())
             req.kv_len = kv_len
 
     def cache_unfinished(self, req: Req) -> None:
@@ -96,10 +115,9 @@ class KVManager:
         if not self.shares_prefixes or req.kv_len == 0:
             return
         assert req.req_pool_idx is not None
-        row = self.req_pool.req_to_token[req.req_pool_idx]
-        key = req.fill_ids[: req.kv_len]
-        match = self.cache.cache_unfinished(key, row[: req.kv_len].clone(), req.last_node)
-        row[: len(match.kv_indices)] = match.kv_indices
+        slots = self._row(req)[: req.kv_len].clone()
+        match = self.cache.cache_unfinished(req.token_ids[: req.kv_len], slots, req.last_node)
+        self._write_row(req.req_pool_idx, 0, match.kv_indices)
         req.last_node = match.last_node
         req.cached_len = len(match.kv_indices)
 
@@ -107,28 +125,31 @@ class KVManager:
         """Return everything `req` holds: its KV to the cache or the pool, its row."""
         if req.req_pool_idx is None:
             return
-        row = self.req_pool.req_to_token[req.req_pool_idx]
-        kv_indices = row[: req.kv_len].clone()
+        kv_indices = self._row(req)[: req.kv_len].clone()
         if self.shares_prefixes:
-            self.cache.cache_finished(req.fill_ids[: req.kv_len], kv_indices, req.last_node)
+            self.cache.cache_finished(req.token_ids[: req.kv_len], kv_indices, req.last_node)
         else:
             self.kv_pool.free(kv_indices)
         self.req_pool.free(req.req_pool_idx)
         req.req_pool_idx = None
         req.last_node = None
 
+    def _row(self, req: Req) -> torch.Tensor:
+        assert req.req_pool_idx is not None
+        return self.req_pool.req_to_token[req.req_pool_idx]
+
+    def _write_row(self, row: int, start: int, slots: torch.Tensor) -> None:
+        """The one place that writes the req_to_token table."""
+        self.req_pool.req_to_token[row, start : start + len(slots)] = slots
+
     # ------------------------------------------------------------------ checks
 
     def check_integrity(self, running: Iterable[Req]) -> None:
-        """Assert free + cached + held by running requests == total slots."""
-        self.cache.check_integrity()
+        """Assert free + cached + held by running requests == total slots, and that the
+        pools and the cache are consistent (no slot or row freed twice)."""
+        self.req_pool.check_integrity()
         held = sum(r.num_own_slots for r in running if r.req_pool_idx is not None)
-        free = self.kv_pool.available_size()
-        cached = self.cache.total_size()
-        total = self.kv_pool.size
-        assert free + cached + held == total, (
-            f"KV leak: free {free} + cached {cached} + held {held} != total {total}"
-        )
+        check_kv_accounting(self.kv_pool, self.cache, held)
 
     def stats(self) -> dict[str, int]:
         free = self.kv_pool.available_size()

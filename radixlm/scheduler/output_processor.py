@@ -1,4 +1,4 @@
-"""After a forward pass: append sampled tokens, decide who finished, build outputs.
+"""Who finished, and the outputs that go to the detokenizer.
 
 A request finishes with "stop" (a stop token id, EOS unless ignore_eos, or a
 stop string found in its decoded tail), "length" (max_new_tokens or the
@@ -8,90 +8,37 @@ context length), or "abort". Outputs go to the detokenizer as deltas: every
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from radixlm.detokenizer.stop_strings import find_stop_string
 from radixlm.io_struct import FinishReason, TokenOut
-from radixlm.scheduler.request import ForwardResult, Req, StepPlan
+from radixlm.scheduler.request import Req
 from radixlm.server_args import ServerArgs
-
-logger = logging.getLogger(__name__)
+from radixlm.tokenizer_utils import TokenDecoder
 
 
 class OutputProcessor:
+    """Finish checks after a token is appended, and the outputs due to the detokenizer."""
+
     def __init__(
-        self, args: ServerArgs, tokenizer: Any, eos_token_ids: set[int], context_len: int
+        self, args: ServerArgs, tokenizer: TokenDecoder, eos_token_ids: set[int], context_len: int
     ) -> None:
         self.stream_interval = args.stream_interval
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.context_len = context_len
-        self.pending_finished: list[Req] = []
+        self.pending_finished: list[Req] = []  # finished since the last collect()
         self.num_prompt_tokens_total = 0
         self.num_cached_tokens_total = 0
         self.num_generation_tokens_total = 0
         self.num_finished_total = 0
 
-    # ------------------------------------------------------------------ results
+    # ------------------------------------------------------------------ finishing
 
-    def process(self, plan: StepPlan, result: ForwardResult) -> None:
-        """Apply one step's results to its requests (kv_len is already advanced)."""
-        for i, item in enumerate(plan.items):
-            req = item.req
-            if result.input_logprobs[i] is not None:
-                tokens, tops = result.input_logprobs[i]  # type: ignore[misc]
-                assert req.input_token_logprobs is not None
-                assert req.input_top_logprobs is not None
-                req.input_token_logprobs.extend(tokens)
-                req.input_top_logprobs.extend(tops)
-            if not item.samples or req.finished:
-                continue
-            req.input_logprobs_done = True
-            if req.sampling_params.max_new_tokens == 0:
-                req.finished_reason = FinishReason("length")
-                continue
-            token_id = result.next_token_ids[i]
-            if token_id is None:
-                logger.error("Request %s: its logits had no valid distribution (NaN or "
-                             "every token masked); it fails", req.rid)
-                req.finished_reason = FinishReason(
-                    "abort", message="The model produced no valid next-token distribution "
-                    "(NaN or infinite logits) for this request", status_code=500)
-                continue
-            req.output_ids.append(token_id)
-            req.num_steps_since_send += 1
-            self.num_generation_tokens_total += 1
-            if req.return_logprob:
-                req.output_token_logprobs.append(result.token_logprobs[i])  # type: ignore[arg-type]
-                req.output_top_logprobs.append(result.top_logprobs[i] or [])
-            req.finished_reason = self._accept_grammar(req, token_id) or self._check_finished(
-                req, token_id
-            )
-
-    def _accept_grammar(self, req: Req, token_id: int) -> FinishReason | None:
-        """Feed the sampled token to the request's grammar; a terminated grammar stops it."""
-        if req.grammar is None:
-            return None
-        from radixlm.constrained.base_grammar_backend import GrammarError
-
-        try:
-            req.grammar.accept_token(token_id)
-        except GrammarError as e:  # the mask allowed it, so this is a backend bug
-            logger.error("Grammar of %s rejected sampled token %d: %s", req.rid, token_id, e)
-            req.output_ids.pop()  # never show output that breaks the grammar
-            if req.return_logprob:
-                req.output_token_logprobs.pop()
-                req.output_top_logprobs.pop()
-            return FinishReason("abort", message=f"Internal grammar error: {e}", status_code=500)
-        if req.grammar.is_terminated():
-            return FinishReason("stop", matched=token_id)
-        return None
-
-    def _check_finished(self, req: Req, token_id: int) -> FinishReason | None:
+    def check_finished(self, req: Req, token_id: int) -> FinishReason | None:
+        """Why `req` ends after appending `token_id`, or None."""
         params = req.sampling_params
-        num_output = len(req.output_ids)
-        if num_output >= params.min_new_tokens:
+        if req.num_output_tokens >= params.min_new_tokens:
             if token_id in params.stop_token_ids:
                 return FinishReason("stop", matched=token_id)
             if not params.ignore_eos and token_id in self.eos_token_ids:
@@ -102,15 +49,16 @@ class OutputProcessor:
         """The finish checks that do not look at the last token id (also run after a jump
         that appended `num_new_tokens`)."""
         params = req.sampling_params
-        num_output = len(req.output_ids)
+        num_output = req.num_output_tokens
         if num_output >= params.max_new_tokens:
             return FinishReason("length")
-        if req.num_fill_tokens >= self.context_len:
+        if req.num_tokens >= self.context_len:
             return FinishReason("length")
         if params.stop and num_output >= params.min_new_tokens:
             window = max(len(s) for s in params.stop) + 3 + num_new_tokens
             tail = self.tokenizer.decode(
-                req.output_ids[-window:], skip_special_tokens=params.skip_special_tokens
+                req.output_tail(max(num_output - window, 0)),
+                skip_special_tokens=params.skip_special_tokens,
             )
             matched = find_stop_string(tail, params.stop)
             if matched is not None:
@@ -125,7 +73,7 @@ class OutputProcessor:
         for req in self.pending_finished:
             outs.append(self._token_out(req))
             self.num_finished_total += 1
-            self.num_prompt_tokens_total += len(req.origin_input_ids)
+            self.num_prompt_tokens_total += req.num_prompt_tokens
             self.num_cached_tokens_total += req.num_cached_tokens or 0
         self.pending_finished = []
         for req in running:
@@ -138,10 +86,10 @@ class OutputProcessor:
         start = req.num_sent_tokens
         out = TokenOut(
             rid=req.rid,
-            new_token_ids=req.output_ids[start:],
+            new_token_ids=req.output_tail(start),
             finished_reason=req.finished_reason,
-            prompt_tokens=len(req.origin_input_ids),
-            completion_tokens=len(req.output_ids),
+            prompt_tokens=req.num_prompt_tokens,
+            completion_tokens=req.num_output_tokens,
             cached_tokens=req.num_cached_tokens or 0,
             forward_steps=req.num_forward_steps,
             jump_forward_tokens=req.num_jump_forward_tokens,
@@ -157,7 +105,7 @@ class OutputProcessor:
                 out.input_token_logprobs = req.input_token_logprobs
                 out.input_top_logprobs = req.input_top_logprobs
                 req.input_logprobs_sent = True
-        req.num_sent_tokens = len(req.output_ids)
+        req.num_sent_tokens = req.num_output_tokens
         req.num_steps_since_send = 0
         return out
 

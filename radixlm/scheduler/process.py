@@ -4,6 +4,10 @@ The loop blocks on its input socket only when it has no work, so an idle
 server costs nothing and a busy one never waits for a message. It exits when
 its parent dies, and reports any exception to the TokenizerManager before
 exiting non-zero.
+
+`RADIXLM_CHECK_INTEGRITY=N` (the tests set it) runs the KV accounting check
+every N steps and whenever the scheduler goes idle; a failed check is a
+scheduler failure like any other.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import logging
 import os
 import sys
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -27,12 +31,16 @@ from radixlm.io_struct import (
     TokenizedGenerateReq,
     TokenOut,
 )
+from radixlm.server_args import ServerArgs
 from radixlm.utils import PortArgs, configure_logging, parent_alive
+
+if TYPE_CHECKING:
+    from radixlm.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
 
-def run_scheduler_process(server_args: Any, model_dir: str, ports: PortArgs) -> None:
+def run_scheduler_process(server_args: ServerArgs, model_dir: str, ports: PortArgs) -> None:
     configure_logging(server_args.log_level, prefix="scheduler")
     ctx = zmq.Context(1)
     ctx.setsockopt(zmq.LINGER, 0)  # never wait on a dead peer at exit
@@ -56,7 +64,7 @@ def run_scheduler_process(server_args: Any, model_dir: str, ports: PortArgs) -> 
         sys.exit(1)
 
 
-def _build_scheduler(server_args: Any, model_dir: str) -> Any:
+def _build_scheduler(server_args: ServerArgs, model_dir: str) -> Scheduler:
     import torch
 
     from radixlm.model_executor.model_runner import ModelRunner
@@ -77,7 +85,8 @@ def _build_scheduler(server_args: Any, model_dir: str) -> Any:
     return Scheduler(server_args, runner, tokenizer, grammars)
 
 
-def _loop(scheduler: Any, recv: zmq.Socket, to_detok: zmq.Socket, to_tokenizer: zmq.Socket) -> None:
+def _loop(scheduler: Scheduler, recv: zmq.Socket[bytes], to_detok: zmq.Socket[bytes],
+          to_tokenizer: zmq.Socket[bytes]) -> None:
     poller = zmq.Poller()
     poller.register(recv, zmq.POLLIN)
     parent = os.getppid()
@@ -95,11 +104,13 @@ def _loop(scheduler: Any, recv: zmq.Socket, to_detok: zmq.Socket, to_tokenizer: 
             outs = scheduler.step()
             if outs:
                 to_detok.send_pyobj(BatchTokenIDOut(outs))
-            if check_every and scheduler.num_steps % check_every == 0:
+            if check_every and (scheduler.num_steps % check_every == 0
+                                or not scheduler.has_work):
                 scheduler.check_integrity()
 
 
-def _handle(scheduler: Any, msg: Any, to_tokenizer: zmq.Socket, to_detok: zmq.Socket) -> None:
+def _handle(scheduler: Scheduler, msg: Any, to_tokenizer: zmq.Socket[bytes],
+            to_detok: zmq.Socket[bytes]) -> None:
     if isinstance(msg, TokenizedGenerateReq):
         _add_request(scheduler, msg, to_detok)
     elif isinstance(msg, AbortReq):
@@ -119,7 +130,8 @@ def _handle(scheduler: Any, msg: Any, to_tokenizer: zmq.Socket, to_detok: zmq.So
         logger.warning("Scheduler got an unknown message: %r", type(msg))
 
 
-def _add_request(scheduler: Any, msg: TokenizedGenerateReq, to_detok: zmq.Socket) -> None:
+def _add_request(scheduler: Scheduler, msg: TokenizedGenerateReq,
+                 to_detok: zmq.Socket[bytes]) -> None:
     """Add a request; one the scheduler cannot take (a bug in validation) fails alone.
 
     NOTE: add_request changes no scheduler state before it has built the Req, so a

@@ -1,20 +1,23 @@
-"""A request as the scheduler sees it, and the plain description of one step.
+"""A request as the scheduler sees it.
 
-A `Req` holds its whole token list (`fill_ids` = prompt + output) and `kv_len`,
-how many of those tokens already have KV in the pool. Rows `[0, cached_len)` of
-its req_to_token row belong to the prefix cache (locked through `last_node`);
-rows `[cached_len, kv_len)` are the request's own slots. Catching up with the
-token list is all a step ever does: a decode extends by one token, a prefill by
-a chunk, a resumed request by everything it lost when it was retracted.
+A `Req` holds one token list, `token_ids`: the prompt (its first
+`num_prompt_tokens`) followed by the output so far. The views a step needs
+are slices of it, never concatenations: `token_ids[kv_len:]` are the pending
+tokens, whose KV is not computed yet. Catching up with the token list is all
+a step ever does: a decode extends by one token, a prefill by a chunk, a
+resumed request by everything it lost when it was retracted, a jump-forward
+by the tokens its grammar forced.
+
+Memory: rows `[0, cached_len)` of its req_to_token row belong to the prefix
+cache (locked through `last_node`); rows `[cached_len, kv_len)` are the
+request's own slots. The KVManager is the only writer of those fields.
+After a forward pass, `Scheduler._process` is the only place that changes a
+request (through the methods below and the KVManager).
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from radixlm.io_struct import FinishReason, LogprobEntry, TokenizedGenerateReq
 from radixlm.multimodal.mm_inputs import MultimodalInputs
@@ -27,20 +30,17 @@ if TYPE_CHECKING:
 class Req:
     def __init__(self, tokenized: TokenizedGenerateReq, arrival_seq: int) -> None:
         self.rid = tokenized.rid
-        self.origin_input_ids: list[int] = list(tokenized.input_ids)
-        self.output_ids: list[int] = []
+        self.token_ids: list[int] = list(tokenized.input_ids)  # prompt, then output
+        self.num_prompt_tokens = len(self.token_ids)
         self.sampling_params: SamplingParams = tokenized.sampling_params
         self.return_logprob = tokenized.return_logprob
-        self.logprob_start_len = tokenized.logprob_start_len
+        self.logprob_start_len = tokenized.logprob_start_len  # None: no prompt logprobs
         self.top_logprobs_num = tokenized.top_logprobs_num
         self.stream = tokenized.stream
         self.group_id = tokenized.group_id
         self.mm_inputs: MultimodalInputs | None = tokenized.mm_inputs
+        self.seed = tokenized.seed  # the runner keeps the RNG it seeds, under rid
         self.arrival_seq = arrival_seq
-        self.arrival_time = time.monotonic()
-        self.generator: torch.Generator | None = None
-        if tokenized.seed is not None:
-            self.generator = torch.Generator().manual_seed(tokenized.seed)
 
         # Constrained decoding: the grammar object exists once compiled (GrammarManager).
         self.grammar_key: tuple[str, str] | None = self.sampling_params.grammar
@@ -50,13 +50,13 @@ class Req:
         self.req_pool_idx: int | None = None
         self.kv_len = 0
         self.cached_len = 0
-        self.last_node: Any = None
-        self.admit_seq = -1  # order of the latest admission; retraction takes the newest
+        self.last_node: Any = None  # the prefix cache's node (see BasePrefixCache)
+        self.admit_seq: int | None = None  # order of the latest admission (retraction: newest)
 
         # Reporting.
         self.num_cached_tokens: int | None = None  # prefix hit at first admission
         self.finished_reason: FinishReason | None = None
-        self.num_sent_tokens = 0
+        self.num_sent_tokens = 0  # output tokens already sent to the detokenizer
         self.num_steps_since_send = 0
         self.num_retractions = 0
         self.num_forward_steps = 0  # forward passes this request took part in
@@ -71,24 +71,38 @@ class Req:
         self.input_logprobs_sent = False
         if self.wants_input_logprobs:
             # Prompt position p is scored by the logits at p - 1; position 0 has none.
-            first = [None] if self.logprob_start_len == 0 else []
+            first: list[None] = [None] if self.logprob_start_len == 0 else []
             self.input_token_logprobs = list(first)
             self.input_top_logprobs = list(first)
 
-    # ------------------------------------------------------------------ derived
+    # ------------------------------------------------------------------ views
 
     @property
-    def fill_ids(self) -> list[int]:
-        return self.origin_input_ids + self.output_ids
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
 
     @property
-    def num_fill_tokens(self) -> int:
-        return len(self.origin_input_ids) + len(self.output_ids)
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """A copy of the prompt (O(prompt); the hot paths slice `token_ids` instead)."""
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_ids(self) -> list[int]:
+        """A copy of the output so far (O(output); the hot paths slice `token_ids`)."""
+        return self.token_ids[self.num_prompt_tokens :]
+
+    def output_tail(self, start: int) -> list[int]:
+        """Output tokens from output position `start` on (O(len - start))."""
+        return self.token_ids[self.num_prompt_tokens + start :]
 
     @property
     def num_pending_tokens(self) -> int:
         """Tokens whose KV this request still has to compute."""
-        return self.num_fill_tokens - self.kv_len
+        return len(self.token_ids) - self.kv_len
 
     @property
     def num_own_slots(self) -> int:
@@ -103,8 +117,8 @@ class Req:
     def wants_input_logprobs(self) -> bool:
         return (
             self.return_logprob
-            and self.logprob_start_len >= 0
-            and self.logprob_start_len < len(self.origin_input_ids)
+            and self.logprob_start_len is not None
+            and self.logprob_start_len < self.num_prompt_tokens
             and not self.input_logprobs_done
         )
 
@@ -116,14 +130,46 @@ class Req:
         output); with prompt logprobs, the logits from `logprob_start_len - 1`
         on are needed, so the hit stops there.
         """
-        limit = self.num_fill_tokens - 1
+        limit = len(self.token_ids) - 1
         if self.wants_input_logprobs:
+            assert self.logprob_start_len is not None
             limit = min(limit, max(self.logprob_start_len - 1, 0))
         return max(limit, 0)
 
     @property
     def remaining_new_tokens(self) -> int:
-        return max(self.sampling_params.max_new_tokens - len(self.output_ids), 0)
+        return max(self.sampling_params.max_new_tokens - self.num_output_tokens, 0)
+
+    # ------------------------------------------------------------------ changes
+
+    def append_output(self, token_id: int, logprob: LogprobEntry | None,
+                      top_logprobs: list[LogprobEntry] | None) -> None:
+        """One sampled token (with its logprobs when the request asked for them)."""
+        self.token_ids.append(token_id)
+        self.num_steps_since_send += 1
+        if self.return_logprob:
+            assert logprob is not None, "a request with logprobs needs its token's logprob"
+            self.output_token_logprobs.append(logprob)
+            self.output_top_logprobs.append(top_logprobs or [])
+
+    def drop_last_output(self) -> None:
+        """Undo the last append_output (a token its grammar rejected)."""
+        self.token_ids.pop()
+        if self.return_logprob:
+            self.output_token_logprobs.pop()
+            self.output_top_logprobs.pop()
+
+    def replace_output_tail(self, num_keep: int, new_ids: list[int]) -> None:
+        """Keep the first `num_keep` output tokens and append `new_ids` (jump-forward)."""
+        num_old = self.num_output_tokens - num_keep
+        self.token_ids[self.num_prompt_tokens + num_keep :] = new_ids
+        self.num_jump_forward_tokens += len(new_ids) - num_old
+
+    def add_input_logprobs(self, token_logprobs: list[LogprobEntry | None],
+                           top_logprobs: list[list[LogprobEntry]]) -> None:
+        assert self.input_token_logprobs is not None and self.input_top_logprobs is not None
+        self.input_token_logprobs.extend(token_logprobs)
+        self.input_top_logprobs.extend(top_logprobs)
 
     def reset_memory_state(self) -> None:
         """Forget KV bookkeeping after the KVManager released this request."""
@@ -135,57 +181,3 @@ class Req:
     def reset_for_retraction(self) -> None:
         self.reset_memory_state()
         self.num_retractions += 1
-
-
-@dataclass
-class ScheduledReq:
-    """One request's share of a step."""
-
-    req: Req
-    prefix_len: int  # kv_len before the step
-    extend_len: int  # tokens computed this step
-    samples: bool  # the step reaches the end of fill_ids: sample the next token
-    # Prompt positions [a, b) whose logits are needed for prompt logprobs.
-    logprob_positions: tuple[int, int] | None = None
-
-    @property
-    def input_ids(self) -> list[int]:
-        """fill_ids[prefix_len : prefix_len + extend_len], without building fill_ids.
-
-        NOTE: runs for every request every step; concatenating prompt and output
-        first would cost time proportional to the sequence length.
-        """
-        req, start, end = self.req, self.prefix_len, self.prefix_len + self.extend_len
-        num_prompt = len(req.origin_input_ids)
-        if start >= num_prompt:
-            return req.output_ids[start - num_prompt : end - num_prompt]
-        if end <= num_prompt:
-            return req.origin_input_ids[start:end]
-        return req.origin_input_ids[start:] + req.output_ids[: end - num_prompt]
-
-
-@dataclass
-class StepPlan:
-    """Everything the model runner needs for one forward pass, as CPU objects."""
-
-    items: list[ScheduledReq]
-    out_cache_loc: torch.Tensor  # [sum(extend_len)] int64, slots already written to req_to_token
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.out_cache_loc.numel())
-
-
-# Per prompt position: its logprob (None at an image's pad tokens), and its top list.
-InputLogprobs = tuple[list[LogprobEntry | None], list[list[LogprobEntry]]]
-
-
-class ForwardResult(NamedTuple):
-    """What the runner returns for a step, per plan item (same order as `StepPlan.items`)."""
-
-    # None where the item does not sample, or where its logits had no valid
-    # distribution (NaN, every token masked): that request then fails.
-    next_token_ids: list[int | None]
-    token_logprobs: list[LogprobEntry | None]
-    top_logprobs: list[list[LogprobEntry] | None]
-    input_logprobs: list[InputLogprobs | None]

@@ -1,9 +1,11 @@
 """The scheduler: one loop of receive → schedule → run → process.
 
 It owns the requests, the memory pools and the prefix cache (through
-`KVManager`), and the model runner. `schedule()` explains the step algorithm;
-finishing and output messages live in `output_processor.py`; the process
-entry point and the ZMQ loop live in `process.py`.
+`KVManager`), and the model runner. `schedule()` explains the step
+algorithm; `_process()` is the one place that changes requests after a
+forward pass; finish checks and output messages live in
+`output_processor.py`; the process entry point and the ZMQ loop in
+`process.py`.
 """
 
 from __future__ import annotations
@@ -19,14 +21,20 @@ from radixlm.io_struct import (
     ServerInfoOut,
     TokenizedGenerateReq,
     TokenOut,
+    is_sample_of,
 )
-from radixlm.scheduler.grammar_manager import GrammarManager
-from radixlm.scheduler.jump_forward import JumpForward
+from radixlm.model_executor.forward_step import StepResult
+from radixlm.scheduler.budget import StepBudget
+from radixlm.scheduler.grammar_manager import GrammarManager, build_vocab_mask
+from radixlm.scheduler.groups import SampleGroups
+from radixlm.scheduler.jump_forward import JumpForward, JumpPlan, swap_tokens
 from radixlm.scheduler.kv_manager import KVManager
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.policy import NewTokenRatio, order_waiting
-from radixlm.scheduler.request import Req, ScheduledReq, StepPlan
+from radixlm.scheduler.request import Req
+from radixlm.scheduler.step_plan import ScheduledReq, StepPlan
 from radixlm.server_args import ServerArgs
+from radixlm.tokenizer_utils import TokenDecoder
 
 if TYPE_CHECKING:
     from radixlm.model_executor.model_runner import ModelRunner
@@ -39,7 +47,7 @@ class Scheduler:
         self,
         server_args: ServerArgs,
         runner: ModelRunner,
-        tokenizer: Any,
+        tokenizer: TokenDecoder,
         grammars: GrammarManager | None = None,
     ) -> None:
         """grammars: compiles constrained requests' grammars; None serves no grammars."""
@@ -61,25 +69,21 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running: list[Req] = []  # admitted, in admission order
         self.new_token_ratio = NewTokenRatio(init=server_args.schedule_conservativeness * 0.5)
-        # n > 1 groups: the leader prefills the shared prompt; the rest wait until
-        # the group is ready (its prompt is in the prefix cache).
-        self.group_leader: dict[str, str] = {}
-        self.group_ready: set[str] = set()
-        self.group_remaining: dict[str, int] = {}
+        self.groups = SampleGroups(shares_prefixes=self.kv.shares_prefixes)
+        self.released_rids: list[str] = []  # finished since the last step (the runner forgets)
         self.num_arrivals = 0
         self.num_admissions = 0
         self.num_retractions = 0
         self.num_steps = 0
-        self.last_step_time = time.monotonic()
+        self.grammar_fill_seconds = 0.0  # filling grammar masks (the runner applies them)
 
     # ------------------------------------------------------------------ input
 
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         req = Req(msg, self.num_arrivals)
         self.num_arrivals += 1
-        if req.group_id is not None:
-            self.group_remaining[req.group_id] = self.group_remaining.get(req.group_id, 0) + 1
-        if req.num_fill_tokens + req.sampling_params.max_new_tokens > self.kv.kv_pool.size:
+        self.groups.add(req)
+        if req.num_tokens + req.sampling_params.max_new_tokens > self.kv.kv_pool.size:
             # It could never fit, even alone: fail now instead of thrashing later.
             self._fail(req, f"Request needs more KV slots than the pool has "
                        f"({self.kv.kv_pool.size}); raise --max-total-tokens")
@@ -96,6 +100,7 @@ class Scheduler:
         """Finish a request that is not running (an error for the user, or an abort)."""
         req.finished_reason = FinishReason("abort", message=message, status_code=status_code)
         self.output.pending_finished.append(req)
+        self.released_rids.append(req.rid)  # a retracted request may have runner state
 
     def _take_compiled_grammars(self) -> None:
         """Constrained requests whose grammar is ready join the waiting queue."""
@@ -109,7 +114,7 @@ class Scheduler:
 
     def abort(self, msg: AbortReq) -> None:
         def matches(req: Req) -> bool:
-            return msg.abort_all or req.rid == msg.rid or req.rid.startswith(f"{msg.rid}#")
+            return msg.abort_all or (msg.rid is not None and is_sample_of(req.rid, msg.rid))
 
         queues = [self.waiting] + ([self.grammars.queue] if self.grammars is not None else [])
         for queue in queues:
@@ -137,7 +142,8 @@ class Scheduler:
             num_steps=self.num_steps,
             new_token_ratio=round(self.new_token_ratio.value, 4),
             context_length=self.runner.context_len,
-            grammar_mask_seconds_total=round(self.runner.grammar_mask_seconds, 6),
+            grammar_mask_seconds_total=round(
+                self.grammar_fill_seconds + self.runner.grammar_mask_seconds, 6),
             num_grammar_mask_steps=self.runner.num_grammar_mask_steps,
         )
         info.update(self.output.stats())
@@ -177,22 +183,10 @@ class Scheduler:
         self._take_compiled_grammars()
         plan = self.schedule()
         if plan is not None:
-            result = self.runner.forward(plan)
-            for item in plan.items:
-                item.req.kv_len = item.prefix_len + item.extend_len
-                item.req.num_forward_steps += 1
-            self.output.process(plan, result)
-            for item in plan.items:
-                req = item.req
-                if item.samples and req.grammar is not None:
-                    self._jump_forward(req)
-                if item.extend_len > 1 and item.prefix_len < len(req.origin_input_ids) and not req.finished:
-                    self._on_prefill_progress(req)
-            self._release_finished()
-            self.num_steps += 1
-            self.new_token_ratio.step()
-        self.last_step_time = time.monotonic()
-        self._settle_groups()
+            result = self._run(plan)
+            self._process(plan, result)
+        for req in self.output.pending_finished:
+            self.groups.on_finished(req)
         return self.output.collect(self.running)
 
     def schedule(self) -> StepPlan | None:
@@ -210,110 +204,155 @@ class Scheduler:
            request slot, budget, and KV beyond what running requests reserve.
         """
         self._retract_until_decodes_fit()
+        budget = StepBudget(self.args.max_prefill_tokens, self.kv.num_available_slots(),
+                            self.args.chunked_prefill_size)
         items: list[ScheduledReq] = []
-        budget = self.args.max_prefill_tokens
         for req in self.running:
             if req.num_pending_tokens == 1:
-                items.append(self._plan_item(req, 1))
-                budget -= 1
+                budget.add_decode()
+                items.append(ScheduledReq.plan(req, 1))
         for req in self.running:
-            if req.num_pending_tokens > 1 and budget > 0:
-                budget -= self._try_extend(req, budget, items)
-        if budget > 0:
-            budget = self._admit(budget, items)
+            if req.num_pending_tokens > 1 and budget.has_tokens:
+                n = budget.chunk_len(req.num_pending_tokens)
+                if budget.can_extend(n):
+                    budget.extend(n)
+                    items.append(ScheduledReq.plan(req, n))
+        if budget.has_tokens:
+            self._admit(budget, items)
         if not items:
             if self.running:
                 # Every running request is mid-prefill and none fits: free memory.
-                self._retract(max(self.running, key=lambda r: r.admit_seq))
+                self._retract(self._newest_running())
             return None
-        num_tokens = sum(it.extend_len for it in items)
-        allocated = self.kv.alloc_slots(num_tokens)
+        allocated = self.kv.alloc_slots(sum(it.extend_len for it in items))
         assert allocated is not None, "step planned beyond available KV"
         offset = 0
         for it in items:
-            part = allocated[offset : offset + it.extend_len]
-            self.kv.assign_slots(it.req, it.prefix_len, part)
+            self.kv.assign_slots(it.req, it.prefix_len, allocated[offset : offset + it.extend_len])
             offset += it.extend_len
         return StepPlan(items, allocated)
 
-    def _plan_item(self, req: Req, extend_len: int) -> ScheduledReq:
-        prefix_len = req.kv_len
-        samples = prefix_len + extend_len == req.num_fill_tokens
-        positions = None
-        if req.wants_input_logprobs:
-            # Logits at position p score prompt token p + 1.
-            first = max(req.logprob_start_len - 1, 0)
-            last = len(req.origin_input_ids) - 1  # exclusive of the sampling position
-            lo, hi = max(first, prefix_len), min(last, prefix_len + extend_len)
-            if lo < hi:
-                positions = (lo, hi)
-        return ScheduledReq(req, prefix_len, extend_len, samples, positions)
-
-    def _chunk_len(self, req: Req, budget: int) -> int:
-        return min(req.num_pending_tokens, self.args.chunked_prefill_size, budget)
-
-    def _try_extend(self, req: Req, budget: int, items: list[ScheduledReq]) -> int:
-        """Schedule a chunk of a running request's pending tokens if memory allows."""
-        n = self._chunk_len(req, budget)
-        planned = sum(it.extend_len for it in items)
-        if n <= 0 or self.kv.num_available_slots() - planned < n:
-            return 0
-        items.append(self._plan_item(req, n))
-        return n
-
-    def _admit(self, budget: int, items: list[ScheduledReq]) -> int:
+    def _admit(self, budget: StepBudget, items: list[ScheduledReq]) -> None:
+        """Admit waiting requests in policy order while each fits (see budget.py)."""
         order_waiting(self.waiting, self.args.schedule_policy, self.kv.prefix_hit_len)
         admitted: list[Req] = []
         for req in self.waiting:
-            if budget <= 0 or len(self.running) >= self.args.max_running_requests:
+            if not budget.has_tokens or len(self.running) >= self.args.max_running_requests:
                 break
-            if not self.kv.can_admit():
+            if not self.kv.has_free_row():
                 break
-            if not self._group_allows(req):
+            if not self.groups.allows(req):
                 continue
-            planned = sum(it.extend_len for it in items)
-            reserve = self.new_token_ratio.reserve(self.running + [req])
-            # Locking the prefix makes it unevictable, so check after admitting.
-            self.kv.admit(req)
-            n = self._chunk_len(req, budget)
-            available = self.kv.num_available_slots() - planned
-            if available < n or (self.running and available - reserve < n):
-                self.kv.release(req)
-                req.reset_memory_state()
+            match = self.kv.match(req)
+            n = budget.chunk_len(req.num_tokens - len(match.kv_indices))
+            reserve = self.new_token_ratio.reserve(self.running + [req]) if self.running else None
+            if not budget.can_admit(n, match.lock_cost, reserve):
                 break
+            budget.admit(n, match.lock_cost)
+            self.kv.admit(req, match)
             req.admit_seq = self.num_admissions
             self.num_admissions += 1
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = req.kv_len
             self.running.append(req)
             admitted.append(req)
-            items.append(self._plan_item(req, n))
-            budget -= n
+            items.append(ScheduledReq.plan(req, n))
         for req in admitted:
             self.waiting.remove(req)
-        return budget
 
-    def _group_allows(self, req: Req) -> bool:
-        """n > 1: the first sample prefills the prompt; the others wait to share it."""
-        gid = req.group_id
-        if gid is None or not self.kv.shares_prefixes or gid in self.group_ready:
-            return True
-        return self.group_leader.setdefault(gid, req.rid) == req.rid
+    def _run(self, plan: StepPlan) -> StepResult:
+        """The plan as the runner's plain ForwardStep, with the step's grammar masks."""
+        start = time.perf_counter()
+        vocab_mask = build_vocab_mask(plan.items, self.runner.vocab_size)
+        if vocab_mask is not None:
+            self.grammar_fill_seconds += time.perf_counter() - start
+        step = plan.to_forward_step(vocab_mask, self.released_rids)
+        self.released_rids = []
+        return self.runner.forward(step)
 
-    def _jump_forward(self, req: Req) -> None:
-        """Append the text req's grammar forces; the next step computes it as an extend."""
-        if self.jump_forward is None or req.finished:
+    # ------------------------------------------------------------------ process
+
+    def _process(self, plan: StepPlan, result: StepResult) -> None:
+        """Apply one forward pass to its requests: the only place they change after it.
+
+        Per item: its KV now reaches the end of the step's tokens; prompt logprobs
+        are added; a sampled token is appended, the grammar advanced and the finish
+        checked, then jump-forward may append forced tokens; a prefill chunk is
+        shared with the prefix cache. Then finished requests release their memory.
+        """
+        row = 0
+        for i, item in enumerate(plan.items):
+            req = item.req
+            self.kv.advance(req, item.prefix_len + item.extend_len)
+            req.num_forward_steps += 1
+            prompt_lps = result.prompt_logprobs[i]
+            if prompt_lps is not None:
+                req.add_input_logprobs(prompt_lps.token_logprobs, prompt_lps.top_logprobs)
+            if item.num_sample_rows and not req.finished:
+                self._accept(req, result, row)
+            row += item.num_sample_rows
+            if (item.extend_len > 1 and item.prefix_len < req.num_prompt_tokens
+                    and not req.finished):
+                self.kv.cache_unfinished(req)
+                self.groups.on_prefill_progress(req)
+        self._release_finished()
+        self.num_steps += 1
+        self.new_token_ratio.step()
+
+    def _accept(self, req: Req, result: StepResult, row: int) -> None:
+        """The token sampled for `req` at `row`: append it, check grammar and finish,
+        then jump forward over what the grammar forces."""
+        req.input_logprobs_done = True
+        if req.sampling_params.max_new_tokens == 0:
+            req.finished_reason = FinishReason("length")
             return
-        num_new = self.jump_forward.try_jump(req, self.kv)
-        if num_new > 0:
-            req.finished_reason = self.output.check_length_and_stop_strings(req, num_new)
+        token_id = result.next_token_ids[row]
+        if token_id is None:
+            logger.error("Request %s: its logits had no valid distribution (NaN or "
+                         "every token masked); it fails", req.rid)
+            req.finished_reason = FinishReason(
+                "abort", message="The model produced no valid next-token distribution "
+                "(NaN or infinite logits) for this request", status_code=500)
+            return
+        req.append_output(token_id, result.token_logprobs[row], result.top_logprobs[row])
+        self.output.num_generation_tokens_total += 1
+        req.finished_reason = self._accept_grammar(req, token_id) or self.output.check_finished(
+            req, token_id
+        )
+        if req.grammar is not None and self.jump_forward is not None and not req.finished:
+            jump = self.jump_forward.plan(req)
+            if jump is not None:
+                self._apply_jump(req, jump)
 
-    def _on_prefill_progress(self, req: Req) -> None:
-        self.kv.cache_unfinished(req)
-        if req.group_id is not None and req.kv_len >= len(req.origin_input_ids) - 1:
-            self.group_ready.add(req.group_id)
+    def _accept_grammar(self, req: Req, token_id: int) -> FinishReason | None:
+        """Feed the sampled token to the request's grammar; a terminated grammar stops it."""
+        if req.grammar is None:
+            return None
+        from radixlm.constrained.base_grammar_backend import GrammarError
+
+        try:
+            req.grammar.accept_token(token_id)
+        except GrammarError as e:  # the mask allowed it, so this is a backend bug
+            logger.error("Grammar of %s rejected sampled token %d: %s", req.rid, token_id, e)
+            req.drop_last_output()  # never show output that breaks the grammar
+            return FinishReason("abort", message=f"Internal grammar error: {e}", status_code=500)
+        if req.grammar.is_terminated():
+            return FinishReason("stop", matched=token_id)
+        return None
+
+    def _apply_jump(self, req: Req, jump: JumpPlan) -> None:
+        """Replace req's output tail by the jump's tokens; the next step extends over them."""
+        assert req.grammar is not None
+        if not swap_tokens(req.grammar, req.output_tail(jump.num_keep), jump.new_ids):
+            return
+        self.kv.truncate(req, min(req.kv_len, req.num_prompt_tokens + jump.num_keep))
+        req.replace_output_tail(jump.num_keep, jump.new_ids)
+        req.finished_reason = self.output.check_length_and_stop_strings(req, len(jump.new_ids))
 
     # ------------------------------------------------------------------ memory pressure
+
+    def _newest_running(self) -> Req:
+        return max(self.running, key=_admission_order)
 
     def _retract_until_decodes_fit(self) -> None:
         """Retract the newest requests until every decode's next token has a slot."""
@@ -327,7 +366,7 @@ class Scheduler:
                     "abort", message="Out of KV cache memory for this request")
                 self._release_finished()
                 return
-            self._retract(max(self.running, key=lambda r: r.admit_seq))
+            self._retract(self._newest_running())
 
     def _retract(self, victim: Req) -> None:
         self.running.remove(victim)
@@ -346,24 +385,16 @@ class Scheduler:
             if req.finished:
                 self.kv.release(req)
                 self.output.pending_finished.append(req)
+                self.released_rids.append(req.rid)
             else:
                 still.append(req)
         self.running = still
 
-    def _settle_groups(self) -> None:
-        """Account finished members of n > 1 groups; a finished member unblocks the rest."""
-        for req in self.output.pending_finished:
-            gid = req.group_id
-            if gid is None:
-                continue
-            self.group_ready.add(gid)
-            left = self.group_remaining.get(gid, 1) - 1
-            if left <= 0:
-                self.group_remaining.pop(gid, None)
-                self.group_leader.pop(gid, None)
-                self.group_ready.discard(gid)
-            else:
-                self.group_remaining[gid] = left
-
     def check_integrity(self) -> None:
+        """Assert the KV accounting identity and the pools' and cache's own checks."""
         self.kv.check_integrity(self.running)
+
+
+def _admission_order(req: Req) -> int:
+    assert req.admit_seq is not None, "only admitted requests run"
+    return req.admit_seq

@@ -36,6 +36,7 @@ from radixlm.io_struct import (
     ServerInfoOut,
     StrOut,
     TokenizedGenerateReq,
+    sample_rid,
 )
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.multimodal.processor import create_mm_processor
@@ -137,7 +138,7 @@ class TokenizerManager:
         """Refuse a request id already in flight or used twice by one request."""
         seen: set[str] = set()
         for single, n in zip(singles, ns):
-            for rid in ([single.rid] if n == 1 else [f"{single.rid}#{i}" for i in range(n)]):
+            for rid in (sample_rid(single.rid, i, n) for i in range(n)):
                 if rid in seen or rid in self.states:
                     raise ValueError(f"Duplicate request id {rid!r}")
                 seen.add(rid)
@@ -167,8 +168,10 @@ class TokenizerManager:
         the caller releases whatever was registered, even if sending fails)."""
         n = params.n
         group = f"{single.rid}-{uuid.uuid4().hex[:8]}" if n > 1 else None
+        logprob_start_len = (single.logprob_start_len
+                             if single.return_logprob and single.logprob_start_len >= 0 else None)
         for i in range(n):
-            rid = single.rid if n == 1 else f"{single.rid}#{i}"
+            rid = sample_rid(single.rid, i, n)
             state = _SampleState(len(states), rid, single.return_logprob,
                                  single.return_text_in_logprobs)
             self.states[rid] = state
@@ -176,8 +179,7 @@ class TokenizerManager:
             seed = sample_seed(params.seed, i)
             self.to_scheduler.send_pyobj(TokenizedGenerateReq(
                 rid=rid, input_ids=input_ids, sampling_params=params,
-                return_logprob=single.return_logprob,
-                logprob_start_len=single.logprob_start_len if single.return_logprob else -1,
+                return_logprob=single.return_logprob, logprob_start_len=logprob_start_len,
                 top_logprobs_num=single.top_logprobs_num, stream=single.stream,
                 group_id=group, seed=seed, mm_inputs=mm_inputs,
             ))

@@ -5,33 +5,31 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.io_struct import TokenizedGenerateReq
+from radixlm.model_executor.forward_step import ForwardStep, PromptLogprobSpec, StepItem
 from radixlm.model_executor.model_runner import ModelRunner, _mm_inputs
 from radixlm.multimodal.mm_inputs import MultimodalInputs, MultimodalItem, pad_value_for
-from radixlm.sampling.sampling_params import SamplingParams
-from radixlm.scheduler.request import Req, ScheduledReq, StepPlan
 
 VOCAB = 10
 
 
-def _req(ids: list[int], mm: MultimodalInputs | None) -> Req:
-    sp = SamplingParams(max_new_tokens=1)
-    msg = TokenizedGenerateReq(rid="r", input_ids=ids, sampling_params=sp, return_logprob=True,
-                               logprob_start_len=0, top_logprobs_num=2, mm_inputs=mm)
-    return Req(msg, 0)
+def _item(ids: list[int], mm: MultimodalInputs | None, num_sample_rows: int = 1,
+          prompt_logprobs: PromptLogprobSpec | None = None) -> StepItem:
+    return StepItem(rid="r", req_pool_idx=0, prefix_len=0, input_ids=ids,
+                    num_sample_rows=num_sample_rows, prompt_logprobs=prompt_logprobs,
+                    mm_inputs=mm)
 
 
 def test_prompt_logprobs_are_none_at_pad_ids() -> None:
     pad = pad_value_for(123, VOCAB)
     mm = MultimodalInputs([MultimodalItem("image", 123, pad, 2, 2, torch.zeros(3, 2, 2))])
-    req = _req([1, 2, pad, pad, 3, 4], mm)
-    item = ScheduledReq(req, prefix_len=0, extend_len=6, samples=False, logprob_positions=(0, 5))
-    plan = StepPlan([item], torch.zeros(6, dtype=torch.int64))
+    ids = [1, 2, pad, pad, 3, 4]
+    # Positions 0..4 score the prompt tokens 1..5.
+    item = _item(ids, mm, num_sample_rows=0, prompt_logprobs=PromptLogprobSpec(0, ids[1:6], 2))
+    step = ForwardStep([item], torch.zeros(6, dtype=torch.int64))
     runner = ModelRunner.__new__(ModelRunner)
     runner.vocab_size = VOCAB
     logits = torch.randn(5, VOCAB)
-    result = runner._sample(plan, logits, [-1], [(0, 5)])
-    input_lps = result.input_logprobs[0]
+    input_lps = runner._prompt_logprobs(step, logits, [(0, 5)])[0]
     assert input_lps is not None
     tokens, tops = input_lps
     assert [e is None for e in tokens] == [False, True, True, False, False]
@@ -43,8 +41,7 @@ def test_prompt_logprobs_are_none_at_pad_ids() -> None:
 
 def test_mm_inputs_reach_the_forward_batch_only_when_present() -> None:
     mm = MultimodalInputs([])
-    with_image = ScheduledReq(_req([1, 2], mm), 0, 2, True)
-    text = ScheduledReq(_req([3, 4], None), 0, 2, True)
-    loc = torch.zeros(4, dtype=torch.int64)
-    assert _mm_inputs(StepPlan([text, with_image], loc)) == [None, mm]
-    assert _mm_inputs(StepPlan([text], loc[:2])) is None
+    with_image = _item([1, 2], mm)
+    text = _item([3, 4], None)
+    assert _mm_inputs([text.mm_inputs, with_image.mm_inputs]) == [None, mm]
+    assert _mm_inputs([text.mm_inputs]) is None

@@ -17,8 +17,8 @@ from radixlm.io_struct import AbortReq, TokenizedGenerateReq
 from radixlm.mem_cache.chunk_cache import ChunkCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.mem_cache.radix_cache import RadixCache
+from radixlm.model_executor.forward_step import ForwardStep, StepResult
 from radixlm.sampling.sampling_params import SamplingParams
-from radixlm.scheduler.request import ForwardResult, StepPlan
 from radixlm.scheduler.scheduler import Scheduler
 from radixlm.server_args import ServerArgs
 
@@ -36,6 +36,10 @@ class FakeTokenizer:
 
 
 class FakeRunner:
+    """The runner's contract with a fake model: its "KV" of a slot is the token written
+    there, so the sequence it sees is read back through the request's req_to_token row
+    (a wrong slot gives a wrong next token)."""
+
     def __init__(self, num_tokens: int, disable_radix: bool, context_len: int = 4096) -> None:
         self.token_to_kv_pool = TokenToKVPool(num_tokens, 1, 1, 1, __import__("torch").float32)
         self.req_to_token_pool = ReqToTokenPool(64, context_len + 8)
@@ -48,18 +52,27 @@ class FakeRunner:
         self.num_forward_tokens = 0
         self.grammar_mask_seconds = 0.0
         self.num_grammar_mask_steps = 0
+        self.kv_tokens: dict[int, int] = {}  # KV slot -> the token whose "KV" it holds
+        self.steps: list[ForwardStep] = []
 
-    def forward(self, plan: StepPlan) -> ForwardResult:
-        n = len(plan.items)
-        ids: list[int | None] = []
-        for item in plan.items:
-            # The KV of every token before this step's chunk must be in place.
-            row = self.req_to_token_pool.req_to_token[item.req.req_pool_idx]
+    def forward(self, step: ForwardStep) -> StepResult:
+        self.steps.append(step)
+        slots = step.out_cache_loc.tolist()
+        ids: list[int] = []
+        offset = 0
+        for item in step.items:
+            for slot, token in zip(slots[offset : offset + item.extend_len], item.input_ids):
+                self.kv_tokens[slot] = token
+            offset += item.extend_len
+            # The KV of every token up to the end of this step's chunk must be in place.
+            row = self.req_to_token_pool.req_to_token[item.req_pool_idx]
             end = item.prefix_len + item.extend_len
             assert bool((row[:end] > 0).all()), "a token has no KV slot"
             self.num_forward_tokens += item.extend_len
-            ids.append(next_token(item.req.fill_ids[:end]) if item.samples else None)
-        return ForwardResult(ids, [None] * n, [None] * n, [None] * n)
+            if item.num_sample_rows:
+                ids.append(next_token([self.kv_tokens[s] for s in row[:end].tolist()]))
+        n = len(ids)
+        return StepResult(ids, [None] * n, [None] * n, [None] * len(step.items))
 
 
 def make_scheduler(num_tokens: int = 4096, **kwargs: object) -> Scheduler:
@@ -183,7 +196,7 @@ def test_parallel_samples_share_the_prompt() -> None:
     run_all(s)
     # One full prefill, then each follower computes only the last prompt token.
     assert s.runner.num_forward_tokens <= len(p) + 3 + 4 * 4
-    assert not s.group_leader and not s.group_ready and not s.group_remaining
+    assert not s.groups.leader and not s.groups.ready and not s.groups.remaining
 
 
 def test_abort_running_and_waiting() -> None:

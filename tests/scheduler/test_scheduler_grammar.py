@@ -44,6 +44,9 @@ class ForcingGrammar:
     def is_terminated(self) -> bool:
         return False
 
+    def fill_vocab_mask(self, mask: Any, row: int) -> None:
+        pass  # every token allowed (the scheduler fills masks, the runner applies them)
+
     def try_jump_forward(self) -> str | None:
         return FORCED if len(self.accepted) % 3 == 0 else None
 
