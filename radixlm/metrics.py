@@ -23,6 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from radixlm.tokenizer.generate_output import GenerateOutput
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
@@ -89,21 +91,18 @@ class Metrics:
         self.requests = Counter("radixlm:num_requests", "Finished samples by finish reason.",
                                 ["model_name", "finish_reason"], registry=self.registry)
 
-    def on_sample_finished(self, out: dict[str, Any]) -> None:
-        """Observe one finished sample (a TokenizerManager output dict)."""
-        meta = out["meta_info"]
-        e2e = float(meta.get("e2e_latency") or 0.0)
-        reason = (meta.get("finish_reason") or {}).get("type", "unknown")
+    def on_sample_finished(self, out: GenerateOutput) -> None:
+        """Observe one finished sample (its last output)."""
+        reason = out.finish_reason.type if out.finish_reason is not None else "unknown"
         self.requests.labels(self.model_name, reason).inc()
-        self.e2e.labels(self.model_name).observe(e2e)
-        first, created = out.get("first_token_time"), out.get("created")
-        if first is None or created is None:
+        self.e2e.labels(self.model_name).observe(out.e2e_latency)
+        if out.first_token_time is None:
             return
-        ttft = max(0.0, first - created)
+        ttft = max(0.0, out.first_token_time - out.created)
         self.ttft.labels(self.model_name).observe(ttft)
-        num_tokens = int(meta.get("completion_tokens") or 0)
-        if num_tokens > 1:
-            self.tpot.labels(self.model_name).observe(max(0.0, e2e - ttft) / (num_tokens - 1))
+        if out.completion_tokens > 1:
+            tpot = max(0.0, out.e2e_latency - ttft) / (out.completion_tokens - 1)
+            self.tpot.labels(self.model_name).observe(tpot)
 
     def update_from_server_info(self, info: dict[str, Any]) -> None:
         self.scheduler.info = dict(info)

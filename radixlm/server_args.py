@@ -52,6 +52,9 @@ class ServerArgs:
                                             "and relies on retraction.")
     disable_radix_cache: bool = _opt(False, "Disable prefix sharing (a cache with no reuse).")
     stream_interval: int = _opt(1, "Send streamed tokens every N decode steps.")
+    incremental_streaming_output: bool = _opt(
+        False, "Native /generate stream events and Engine stream chunks carry only what is "
+        "new (text, output_ids, logprobs) instead of everything so far.")
     disable_cpu_prepack: bool = _opt(False, "Use F.linear instead of oneDNN-packed weights "
                                      "on the CPU.")
     attention_backend: str = _opt("auto", "auto (cpu_paged on the CPU when its kernels build, "

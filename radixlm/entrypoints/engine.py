@@ -5,6 +5,12 @@
         for chunk in engine.generate("Hi", {"max_new_tokens": 8}, stream=True):
             print(chunk["delta"], end="")
 
+Results are SGLang's dicts (`text`, `output_ids`, `meta_info`, `index`). A
+stream's chunks add `delta`, the new text; they are cumulative (the text, ids
+and logprobs so far) unless `incremental_streaming_output=True`, which makes
+each chunk carry only what is new, at a cost per token that does not grow
+with the stream.
+
 The TokenizerManager runs on a private event loop in a background thread, so
 the sync API works anywhere and the async API works from any event loop.
 `shutdown()` (or leaving the `with` block) stops every child process; if a
@@ -17,15 +23,19 @@ import asyncio
 import atexit
 import queue
 import threading
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any, TypeVar
 
+from radixlm.entrypoints.child_process import ChildProcess
 from radixlm.entrypoints.launch import launch_children, make_is_alive, stop_children
 from radixlm.server_args import ServerArgs
+from radixlm.tokenizer.generate_output import SampleDicts, final_dict
 from radixlm.tokenizer.request_input import GenerateReqInput
 from radixlm.tokenizer.tokenizer_manager import EngineDeadError, TokenizerManager
+from radixlm.utils import PortArgs
 
 _DONE = object()
+T = TypeVar("T")
 
 
 class Engine:
@@ -35,8 +45,8 @@ class Engine:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="radixlm-engine-loop")
         self._thread.start()
-        self._procs: list = []
-        self._ports = None
+        self._procs: list[ChildProcess] = []
+        self._ports: PortArgs | None = None
         self._closed = False
         try:
             model_dir, self._ports, self._procs = launch_children(self.server_args)
@@ -53,7 +63,7 @@ class Engine:
         await tm.wait_ready(timeout=600)
         return tm
 
-    def _run(self, coro: Any) -> Any:
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     # ------------------------------------------------------------------ API
@@ -105,16 +115,26 @@ class Engine:
         return await asyncio.wrap_future(future)
 
     async def _collect(self, obj: GenerateReqInput) -> Any:
-        outs = [out async for out in self.tokenizer_manager.generate(obj)]
+        outs = [final_dict(out) async for out in self.tokenizer_manager.generate(obj)]
         outs.sort(key=lambda o: o["index"])
         return outs if obj.is_batch or len(outs) > 1 else outs[0]
 
+    async def _chunks(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+        """A stream's outputs as chunk dicts (per sample: cumulative or incremental)."""
+        incremental = self.server_args.incremental_streaming_output
+        samples: dict[int, SampleDicts] = {}
+        async for out in self.tokenizer_manager.generate(obj):
+            sample = samples.get(out.index)
+            if sample is None:
+                sample = samples[out.index] = SampleDicts(incremental)
+            yield sample.add(out)
+
     def _iterate(self, obj: GenerateReqInput) -> Iterator[dict[str, Any]]:
-        q: queue.Queue = queue.Queue()
+        q: queue.Queue[Any] = queue.Queue()
 
         async def pump() -> None:
             try:
-                async for out in self.tokenizer_manager.generate(obj):
+                async for out in self._chunks(obj):
                     q.put(out)
                 q.put(_DONE)
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
@@ -134,11 +154,11 @@ class Engine:
 
     async def _aiterate(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
         loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
+        q: asyncio.Queue[Any] = asyncio.Queue()
 
         async def pump() -> None:
             try:
-                async for out in self.tokenizer_manager.generate(obj):
+                async for out in self._chunks(obj):
                     loop.call_soon_threadsafe(q.put_nowait, out)
                 loop.call_soon_threadsafe(q.put_nowait, _DONE)
             except BaseException as e:  # noqa: BLE001

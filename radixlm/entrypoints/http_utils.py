@@ -9,14 +9,18 @@
   abort with a status code that code. Both race the request against the
   client's disconnect: a client that goes away cancels the generate
   iterator, which aborts the request in the scheduler and frees its KV.
-- `sse` / `SSE_DONE` frame server-sent events.
+- `sse_stream` is the one skeleton of every streaming route: the first
+  output (so that errors before it are plain HTTP errors), one or more
+  events per output from the route's translator, an error event for a
+  failure mid-stream, the route's tail (usage) after the last output, then
+  `data: [DONE]`; a client that goes away aborts the request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import orjson
@@ -26,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from radixlm.entrypoints.openai.errors import APIError, ClientDisconnected, validation_error
+from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.tokenizer_manager import EngineDeadError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -63,13 +68,12 @@ async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
 # ---------------------------------------------------------------- driving generate
 
 
-def check_output(out: dict[str, Any]) -> None:
+def check_output(out: GenerateOutput) -> None:
     """Raise APIError for an output whose abort carries an HTTP status (e.g. a bad grammar)."""
-    meta = out["meta_info"]
-    status = meta.get("status_code")
+    status = out.status_code
     if status is not None and status != 200:
-        reason = meta.get("finish_reason") or {}
-        raise APIError(reason.get("message") or "The request failed", int(status))
+        message = out.finish_reason.message if out.finish_reason is not None else None
+        raise APIError(message or "The request failed", status)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -105,28 +109,28 @@ def _map_errors(e: BaseException) -> BaseException:
     return e
 
 
-async def collect(request: Request, outputs: AsyncIterator[dict[str, Any]]
-                  ) -> list[dict[str, Any]]:
+async def collect(request: Request, outputs: AsyncIterator[GenerateOutput]
+                  ) -> list[GenerateOutput]:
     """Every final output of a non-streaming request, sorted by index."""
 
-    async def run() -> list[dict[str, Any]]:
+    async def run() -> list[GenerateOutput]:
         try:
             outs = [out async for out in outputs]
         except (ValueError, EngineDeadError) as e:
             raise _map_errors(e) from e
         for out in outs:
             check_output(out)
-        return sorted(outs, key=lambda o: o["index"])
+        return sorted(outs, key=lambda o: o.index)
 
     return await race_disconnect(request, run())
 
 
-async def open_stream(request: Request, outputs: AsyncIterator[dict[str, Any]]
-                      ) -> dict[str, Any]:
+async def open_stream(request: Request, outputs: AsyncIterator[GenerateOutput]
+                      ) -> GenerateOutput:
     """Wait for the first output of a stream, so that validation errors become a plain
     HTTP error before any event is sent; the caller goes on iterating `outputs`."""
 
-    async def first() -> dict[str, Any]:
+    async def first() -> GenerateOutput:
         try:
             out = await outputs.__anext__()
         except StopAsyncIteration as e:
@@ -143,8 +147,8 @@ async def open_stream(request: Request, outputs: AsyncIterator[dict[str, Any]]
         raise
 
 
-async def rest_of_stream(outputs: AsyncIterator[dict[str, Any]]
-                         ) -> AsyncIterator[dict[str, Any] | APIError]:
+async def rest_of_stream(outputs: AsyncIterator[GenerateOutput]
+                         ) -> AsyncIterator[GenerateOutput | APIError]:
     """The outputs after the first; a failure mid-stream is yielded as an APIError
     (the caller sends it as an error event) and ends the stream."""
     try:
@@ -176,8 +180,8 @@ def sse_response(events: AsyncGenerator[bytes, None]) -> StreamingResponse:
                              background=BackgroundTask(events.aclose))
 
 
-async def all_outputs(first: dict[str, Any], outputs: AsyncIterator[dict[str, Any]]
-                      ) -> AsyncIterator[dict[str, Any] | APIError]:
+async def all_outputs(first: GenerateOutput, outputs: AsyncIterator[GenerateOutput]
+                      ) -> AsyncIterator[GenerateOutput | APIError]:
     """`first` (from open_stream), then the rest of the stream (see rest_of_stream)."""
     rest = rest_of_stream(outputs)
     try:
@@ -186,6 +190,35 @@ async def all_outputs(first: dict[str, Any], outputs: AsyncIterator[dict[str, An
             yield out
     finally:
         await aclose(rest)
+
+
+async def sse_stream(
+    request: Request,
+    outputs: AsyncIterator[GenerateOutput],
+    on_output: Callable[[GenerateOutput], Iterable[bytes]],
+    on_end: Callable[[], Iterable[bytes]] | None = None,
+) -> StreamingResponse:
+    """Stream `outputs` as server-sent events: `on_output` gives each output's events,
+    `on_end` those after the last output (not after an error), then `data: [DONE]`."""
+    first = await open_stream(request, outputs)
+
+    async def events() -> AsyncGenerator[bytes, None]:
+        rest = all_outputs(first, outputs)
+        try:
+            async for out in rest:
+                if isinstance(out, APIError):
+                    yield sse_error(out)
+                    break
+                for event in on_output(out):
+                    yield event
+            else:
+                for event in on_end() if on_end is not None else ():
+                    yield event
+            yield SSE_DONE
+        finally:
+            await aclose(rest)
+
+    return sse_response(events())
 
 
 async def aclose(it: AsyncIterator[Any]) -> None:

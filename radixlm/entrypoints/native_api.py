@@ -12,8 +12,9 @@
 
 /generate answers one output dict (`text`, `output_ids`, `meta_info`, `index`)
 for a single prompt with n == 1, else a list of them in prompt-major order;
-a stream sends `data: {...}` per new piece of text (cumulative `text`, the new
-`delta`) and ends with `data: [DONE]`.
+a stream sends `data: {...}` per new piece of text (cumulative `text`,
+`output_ids` and logprobs as SGLang sends them, and the new `delta`; with
+--incremental-streaming-output only what is new) and ends with `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -30,22 +30,13 @@ from pydantic import ConfigDict, model_validator
 from starlette.responses import Response
 
 from radixlm import __version__
-from radixlm.entrypoints.http_utils import (
-    SSE_DONE,
-    aclose,
-    all_outputs,
-    collect,
-    open_stream,
-    parse_body,
-    sse,
-    sse_error,
-    sse_response,
-)
+from radixlm.entrypoints.http_utils import collect, parse_body, sse, sse_stream
 from radixlm.entrypoints.openai.errors import APIError, JSONResponse
 from radixlm.entrypoints.server_state import ServerState
 from radixlm.entrypoints.strict import StrictModel
 from radixlm.io_struct import is_sample_of
 from radixlm.metrics import CONTENT_TYPE
+from radixlm.tokenizer.generate_output import GenerateOutput, SampleDicts, final_dict
 from radixlm.tokenizer.request_input import GenerateReqInput
 
 router = APIRouter()
@@ -95,11 +86,6 @@ class AbortRequest(StrictModel):
     abort_all: bool = False
 
 
-def _public(out: dict[str, Any]) -> dict[str, Any]:
-    return {"text": out["text"], "output_ids": out["output_ids"], "meta_info": out["meta_info"],
-            "index": out["index"]}
-
-
 @router.post("/generate")
 async def generate(request: Request) -> Response:
     state = state_of(request)
@@ -109,23 +95,18 @@ async def generate(request: Request) -> Response:
     if not obj.stream:
         outs = await collect(request, tm.generate(obj))
         single = not obj.is_batch and len(outs) == 1
-        return JSONResponse(_public(outs[0]) if single else [_public(o) for o in outs])
-    outputs = tm.generate(obj)
-    first = await open_stream(request, outputs)
+        return JSONResponse(final_dict(outs[0]) if single else [final_dict(o) for o in outs])
+    incremental = state.args.incremental_streaming_output
+    samples: dict[int, SampleDicts] = {}
 
-    async def events() -> AsyncGenerator[bytes, None]:
-        rest = all_outputs(first, outputs)
-        try:
-            async for out in rest:
-                if isinstance(out, APIError):
-                    yield sse_error(out)
-                    break
-                yield sse(_public(out) | {"delta": out["delta"]})
-            yield SSE_DONE
-        finally:
-            await aclose(rest)
+    def on_output(out: GenerateOutput) -> list[bytes]:
+        sample = samples.get(out.index)
+        if sample is None:
+            # NOTE: copy=False: each event is serialized before the next output arrives.
+            sample = samples[out.index] = SampleDicts(incremental, copy=False)
+        return [sse(sample.add(out))]
 
-    return sse_response(events())
+    return await sse_stream(request, tm.generate(obj), on_output)
 
 
 @router.api_route("/health", methods=["GET", "HEAD"])

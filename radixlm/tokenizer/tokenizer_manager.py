@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -31,22 +31,28 @@ from radixlm.io_struct import (
     FlushCacheOut,
     FlushCacheReq,
     GetServerInfoReq,
+    LogprobEntry,
     ProcessError,
     SchedulerReady,
     ServerInfoOut,
     StrOut,
     TokenizedGenerateReq,
+    TokenOut,
     sample_rid,
 )
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.multimodal.processor import create_mm_processor
-from radixlm.sampling.sampling_params import sample_seed
+from radixlm.sampling.sampling_params import SamplingParams, sample_seed
+from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
+from radixlm.tokenizer.generate_output import GenerateOutput, LogprobItem
 from radixlm.tokenizer.request_input import GenerateReqInput, SingleReq
 from radixlm.tokenizer.validation import validate_request
 from radixlm.utils import PortArgs
 
 logger = logging.getLogger(__name__)
+
+ReplyT = TypeVar("ReplyT")
 
 
 class EngineDeadError(RuntimeError):
@@ -57,19 +63,24 @@ class EngineDeadError(RuntimeError):
 class _SampleState:
     index: int  # position in the flattened (prompt, sample) output list
     rid: str
+    stream: bool
     return_logprob: bool
     return_text_in_logprobs: bool
     created: float = field(default_factory=time.monotonic)
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[GenerateOutput | Exception] = field(default_factory=asyncio.Queue)
     finished: bool = False
     first_token_time: float | None = None
+    # A non-streaming sample's output so far, joined into its one output at the end.
+    text_parts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    output_token_logprobs: list[LogprobItem] = field(default_factory=list)
+    output_top_logprobs: list[list[LogprobItem]] = field(default_factory=list)
+    input_token_logprobs: list[LogprobItem | None] | None = None
+    input_top_logprobs: list[list[LogprobItem] | None] | None = None
 
 
 class TokenizerManager:
-    def __init__(self, server_args: Any, model_dir: str, ports: PortArgs,
+    def __init__(self, server_args: ServerArgs, model_dir: str, ports: PortArgs,
                  tokenizer: Any = None) -> None:
         """`tokenizer`: an already loaded tokenizer (loading one takes seconds, so a
         server loads it in a thread instead of blocking its event loop); None loads it."""
@@ -90,10 +101,10 @@ class TokenizerManager:
         self.model_info: dict[str, Any] = {}
         self.ready = asyncio.Event()
         self.dead_reason: str | None = None
-        self.control_waiters: dict[type, list[asyncio.Future]] = {}
+        self.control_waiters: dict[type, list[asyncio.Future[Any]]] = {}
         self.last_receive_time = time.monotonic()
-        self.on_sample_finished: Callable[[dict[str, Any]], None] | None = None
-        self._tasks: list[asyncio.Task] = []
+        self.on_sample_finished: Callable[[GenerateOutput], None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     def start(self, is_alive: Callable[[], str | None]) -> None:
         """Start the receive loop and the child watchdog (`is_alive` returns a death reason)."""
@@ -110,11 +121,12 @@ class TokenizerManager:
 
     # ------------------------------------------------------------------ generate
 
-    async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, obj: GenerateReqInput) -> AsyncIterator[GenerateOutput]:
         """Yield outputs: for streams, one per delta; otherwise one per sample at its end.
 
-        Every output dict has `index` (its place in the prompt-major list of
-        samples), `text`, `output_ids` and `meta_info`; stream chunks add `delta`.
+        Each output carries what its sample produced since its previous output
+        (see generate_output.py); `index` is its place in the prompt-major list of
+        samples.
         """
         self._check_alive()
         # NOTE: normalizing and validating walk every token id in Python: in a worker, so
@@ -144,7 +156,7 @@ class TokenizerManager:
                 seen.add(rid)
 
     async def _prepare(self, single: SingleReq
-                       ) -> tuple[list[int], Any, MultimodalInputs | None]:
+                       ) -> tuple[list[int], SamplingParams, MultimodalInputs | None]:
         vocab_size = self.model_info.get("vocab_size", len(self.tokenizer))
         context_len = self.model_info.get("context_length", 1 << 30)
         if single.input_ids is not None:
@@ -162,7 +174,7 @@ class TokenizerManager:
             self.args.grammar_backend, mm_inputs)
         return input_ids, params, mm_inputs
 
-    def _send(self, single: SingleReq, input_ids: list[int], params: Any,
+    def _send(self, single: SingleReq, input_ids: list[int], params: SamplingParams,
               mm_inputs: MultimodalInputs | None, states: list[_SampleState]) -> None:
         """Register and send the request's samples, appending each to `states` first (so
         the caller releases whatever was registered, even if sending fails)."""
@@ -172,7 +184,7 @@ class TokenizerManager:
                              if single.return_logprob and single.logprob_start_len >= 0 else None)
         for i in range(n):
             rid = sample_rid(single.rid, i, n)
-            state = _SampleState(len(states), rid, single.return_logprob,
+            state = _SampleState(len(states), rid, single.stream, single.return_logprob,
                                  single.return_text_in_logprobs)
             self.states[rid] = state
             states.append(state)
@@ -185,24 +197,23 @@ class TokenizerManager:
             ))
 
     async def _merge(self, states: list[_SampleState], stream: bool
-                     ) -> AsyncIterator[dict[str, Any]]:
+                     ) -> AsyncIterator[GenerateOutput]:
         if len(states) == 1:
             state = states[0]
             while True:
                 out = await state.queue.get()
                 if isinstance(out, Exception):
                     raise out
-                if stream or state.finished:
-                    yield out
-                if state.finished:
+                yield out
+                if out.finished:
                     return
-        merged: asyncio.Queue = asyncio.Queue()
+        merged: asyncio.Queue[GenerateOutput | Exception] = asyncio.Queue()
 
         async def pump(state: _SampleState) -> None:
             while True:
                 out = await state.queue.get()
                 await merged.put(out)
-                if isinstance(out, Exception) or state.finished:
+                if isinstance(out, Exception) or out.finished:
                     return
 
         tasks = [asyncio.create_task(pump(s)) for s in states]
@@ -212,10 +223,8 @@ class TokenizerManager:
                 out = await merged.get()
                 if isinstance(out, Exception):
                     raise out
-                done = out["meta_info"]["finish_reason"] is not None
-                if stream or done:
-                    yield out
-                remaining -= done
+                yield out
+                remaining -= out.finished
         finally:
             for t in tasks:
                 t.cancel()
@@ -234,12 +243,16 @@ class TokenizerManager:
     async def flush_cache(self) -> FlushCacheOut:
         return await self._control(FlushCacheReq(), FlushCacheOut)
 
-    async def _control(self, msg: Any, reply_type: type, timeout: float = 60.0) -> Any:
+    async def _control(self, msg: object, reply_type: type[ReplyT],
+                       timeout: float = 60.0) -> ReplyT:
+        """Send a control message and wait for the scheduler's reply of `reply_type`."""
         self._check_alive()
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.control_waiters.setdefault(reply_type, []).append(future)
         self.to_scheduler.send_pyobj(msg)
-        return await asyncio.wait_for(future, timeout)
+        reply = await asyncio.wait_for(future, timeout)
+        assert isinstance(reply, reply_type)
+        return reply
 
     # ------------------------------------------------------------------ receive
 
@@ -260,68 +273,55 @@ class TokenizerManager:
                 if not future.done():
                     future.set_result(msg)
 
-    def _on_str_out(self, out: StrOut) -> None:
-        state = self.states.get(out.rid)
+    def _on_str_out(self, msg: StrOut) -> None:
+        state = self.states.get(msg.rid)
         if state is None or state.finished:
             return
-        tok = out.token_out
-        state.text += out.text_delta
-        state.output_ids.extend(tok.new_token_ids)
+        tok = msg.token_out
         if state.first_token_time is None and tok.new_token_ids:
             state.first_token_time = time.monotonic()
-        meta = state.meta
-        meta.update(
-            id=state.rid,
+        out = GenerateOutput(
+            index=state.index,
+            rid=state.rid,
+            text=msg.text_delta,
+            token_ids=tok.new_token_ids,
             prompt_tokens=tok.prompt_tokens,
             completion_tokens=tok.completion_tokens,
             cached_tokens=tok.cached_tokens,
             forward_steps=tok.forward_steps,
             jump_forward_tokens=tok.jump_forward_tokens,
-            finish_reason=tok.finished_reason.to_json() if tok.finished_reason else None,
+            finish_reason=tok.finished_reason,
+            created=state.created,
+            first_token_time=state.first_token_time,
             e2e_latency=time.monotonic() - state.created,
         )
         if state.return_logprob:
-            self._add_logprobs(state, tok)
-        if tok.finished_reason is not None:
-            state.finished = True
-            if tok.finished_reason.status_code is not None:
-                meta["status_code"] = tok.finished_reason.status_code
-            if self.on_sample_finished is not None:
-                self.on_sample_finished(self._output(state, ""))
-        state.queue.put_nowait(self._output(state, out.text_delta))
+            self._add_logprobs(out, tok, state.return_text_in_logprobs)
+        state.finished = out.finished
+        if not state.stream:
+            _accumulate(state, out)
+            if not out.finished:
+                return
+            out = _joined(state, out)
+        if out.finished and self.on_sample_finished is not None:
+            self.on_sample_finished(out)
+        state.queue.put_nowait(out)
 
-    def _output(self, state: _SampleState, delta: str) -> dict[str, Any]:
-        return {
-            "index": state.index,
-            "text": state.text,
-            "delta": delta,
-            "output_ids": list(state.output_ids),
-            "meta_info": dict(state.meta),
-            "first_token_time": state.first_token_time,
-            "created": state.created,
-        }
+    def _add_logprobs(self, out: GenerateOutput, tok: TokenOut, with_text: bool) -> None:
+        """The delta's logprobs as `[logprob, token_id, text]` items (see generate_output)."""
 
-    def _add_logprobs(self, state: _SampleState, tok: Any) -> None:
-        meta = state.meta
-        with_text = state.return_text_in_logprobs
-
-        def entry(e: Any) -> list[Any] | None:
-            if e is None:
-                return None
+        def item(e: LogprobEntry) -> LogprobItem:
             logprob, token_id = e
             text = self.tokenizer.decode([token_id]) if with_text else None
             return [logprob, token_id, text]
 
-        meta.setdefault("output_token_logprobs", [])
-        meta.setdefault("output_top_logprobs", [])
-        meta["output_token_logprobs"].extend(entry(e) for e in tok.output_token_logprobs or [])
-        meta["output_top_logprobs"].extend(
-            [entry(e) for e in tops] for tops in tok.output_top_logprobs or []
-        )
+        out.output_token_logprobs = [item(e) for e in tok.output_token_logprobs or []]
+        out.output_top_logprobs = [[item(e) for e in tops] for tops in tok.output_top_logprobs or []]
         if tok.input_token_logprobs is not None:
-            meta["input_token_logprobs"] = [entry(e) for e in tok.input_token_logprobs]
-            meta["input_top_logprobs"] = [
-                [entry(e) for e in tops] if tops is not None else None
+            out.input_token_logprobs = [
+                item(e) if e is not None else None for e in tok.input_token_logprobs]
+            out.input_top_logprobs = [
+                [item(e) for e in tops] if tops is not None else None
                 for tops in tok.input_top_logprobs or []
             ]
 
@@ -368,3 +368,26 @@ class TokenizerManager:
         self.to_scheduler.close(linger=0)
         self.recv.close(linger=0)
         self.ctx.term()
+
+
+def _accumulate(state: _SampleState, out: GenerateOutput) -> None:
+    """Keep a non-streaming sample's delta for its final output (O(delta))."""
+    state.text_parts.append(out.text)
+    state.token_ids.extend(out.token_ids)
+    state.output_token_logprobs.extend(out.output_token_logprobs or [])
+    state.output_top_logprobs.extend(out.output_top_logprobs or [])
+    if out.input_token_logprobs is not None:
+        state.input_token_logprobs = out.input_token_logprobs
+        state.input_top_logprobs = out.input_top_logprobs
+
+
+def _joined(state: _SampleState, last: GenerateOutput) -> GenerateOutput:
+    """A non-streaming sample's one output: everything it produced, with the last counts."""
+    last.text = "".join(state.text_parts)
+    last.token_ids = state.token_ids
+    if state.return_logprob:
+        last.output_token_logprobs = state.output_token_logprobs
+        last.output_top_logprobs = state.output_top_logprobs
+        last.input_token_logprobs = state.input_token_logprobs
+        last.input_top_logprobs = state.input_top_logprobs
+    return last

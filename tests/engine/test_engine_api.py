@@ -51,6 +51,21 @@ def test_stream_pieces_join_to_full_text(engine: Engine) -> None:
     assert full["text"] == engine.tokenizer.decode(full["output_ids"], skip_special_tokens=True)
 
 
+def test_cumulative_stream_chunks_keep_what_they_held(engine: Engine) -> None:
+    """Each chunk holds the text, ids and logprobs so far, and later chunks leave it as it
+    was (they share no lists with it)."""
+    chunks = list(engine.generate(PROMPT, {**GREEDY, "max_new_tokens": 8}, stream=True,
+                                  return_logprob=True, top_logprobs_num=2))
+    text = ""
+    for chunk in chunks:
+        meta = chunk["meta_info"]
+        text += chunk["delta"]
+        assert chunk["text"] == text
+        assert len(meta["output_token_logprobs"]) == len(chunk["output_ids"])
+        assert len(chunk["output_ids"]) == meta["completion_tokens"]
+    assert chunks[-1]["meta_info"]["completion_tokens"] == 8
+
+
 def test_seeded_sampling_repeats_and_top_k_1_is_greedy(engine: Engine) -> None:
     params = {"temperature": 1.0, "max_new_tokens": 16, "seed": 1234, "ignore_eos": True}
     a = engine.generate(PROMPT, params)

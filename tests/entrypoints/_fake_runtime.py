@@ -17,13 +17,14 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.io_struct import FlushCacheOut
+from radixlm.io_struct import FinishReason, FlushCacheOut, sample_rid
 from radixlm.multimodal.processor import BaseMultimodalProcessor, TextOnlyProcessor
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
+from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.request_input import GenerateReqInput
 from radixlm.tokenizer.tokenizer_manager import EngineDeadError
 from radixlm.tokenizer.validation import validate_request
@@ -55,6 +56,20 @@ class _Sample:
     aborted: bool = False
 
 
+@dataclass
+class _Delta:
+    text: str = ""
+    ids: list[int] = field(default_factory=list)
+    lps: list[Any] = field(default_factory=list)
+    tops: list[Any] = field(default_factory=list)
+
+    def extend(self, other: _Delta) -> None:
+        self.text += other.text
+        self.ids.extend(other.ids)
+        self.lps.extend(other.lps)
+        self.tops.extend(other.tops)
+
+
 class FakeTokenizerManager:
     def __init__(self, tokenizer: Any, context_length: int = 256, delay: float = 0.0,
                  grammar_backend: str = "xgrammar",
@@ -78,7 +93,7 @@ class FakeTokenizerManager:
         self.num_generated = 0
         self.closed = False
 
-    async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, obj: GenerateReqInput) -> AsyncIterator[GenerateOutput]:
         if self.dead_reason:
             raise EngineDeadError(self.dead_reason)
         self.received.append(obj)
@@ -98,7 +113,7 @@ class FakeTokenizerManager:
         base = 0
         for single, ids, params in prepared:
             for i in range(params.n):
-                rid = single.rid if params.n == 1 else f"{single.rid}#{i}"
+                rid = sample_rid(single.rid, i, params.n)
                 self.states[rid] = _Sample(rid)
                 rids.append(rid)
                 tasks.append(asyncio.create_task(
@@ -110,10 +125,8 @@ class FakeTokenizerManager:
                 out = await queue.get()
                 if isinstance(out, Exception):
                     raise out
-                done = out["meta_info"]["finish_reason"] is not None
-                remaining -= done
-                if obj.stream or done:
-                    yield out
+                remaining -= out.finished
+                yield out
         finally:
             for t in tasks:
                 t.cancel()
@@ -122,33 +135,31 @@ class FakeTokenizerManager:
 
     async def _run(self, rid: str, index: int, single: Any, ids: list[int], params: Any,
                    queue: asyncio.Queue) -> None:
+        """One sample: a GenerateOutput per token for a stream, else one at the end."""
         created = time.monotonic()
         cached = len(ids) - 1 if tuple(ids) in self.cached else 0
         self.cached.add(tuple(ids))
         reply_ids = self.tokenizer.encode(REPLY)
         out_ids: list[int] = []
         text = ""
-        meta: dict[str, Any] = {"id": rid, "prompt_tokens": len(ids), "cached_tokens": cached}
-        if single.return_logprob:
-            meta["output_token_logprobs"], meta["output_top_logprobs"] = [], []
-            if single.logprob_start_len >= 0:
-                start = single.logprob_start_len
-                meta["input_token_logprobs"] = [
-                    None if p == 0 else [-1.0, t, self.tokenizer.decode([t])]
-                    for p, t in enumerate(ids[start:], start)]
-                meta["input_top_logprobs"] = [
-                    None if p == 0 else self._tops(t, single.top_logprobs_num)
-                    for p, t in enumerate(ids[start:], start)]
+        input_lps: tuple[list[Any], list[Any]] | None = None
+        if single.return_logprob and single.logprob_start_len >= 0:
+            start = single.logprob_start_len
+            input_lps = (
+                [None if p == 0 else [-1.0, t, self.tokenizer.decode([t])]
+                 for p, t in enumerate(ids[start:], start)],
+                [None if p == 0 else self._tops(t, single.top_logprobs_num)
+                 for p, t in enumerate(ids[start:], start)])
         first_token_time = None
-        finish: dict[str, Any] | None = None
+        finish: FinishReason | None = None
+        acc = _Delta()  # what a non-streaming sample produced, sent at its end
         while finish is None:
             sample = self.states.get(rid)
+            delta = _Delta()
             if sample is None or sample.aborted:
-                finish = {"type": "abort", "matched": None, "message": "Aborted by request"}
-                delta = ""
+                finish = FinishReason("abort", message="Aborted by request")
             elif len(out_ids) >= params.max_new_tokens:
-                finish = {"type": "length", "matched": None}
-                delta = ""
+                finish = FinishReason("length")
             else:
                 if self.delay:
                     await asyncio.sleep(self.delay)
@@ -157,22 +168,34 @@ class FakeTokenizerManager:
                 self.num_generated += 1
                 first_token_time = first_token_time or time.monotonic()
                 piece = self.tokenizer.decode([tok])
-                delta = piece
+                delta.ids.append(tok)
+                delta.text = piece
                 if single.return_logprob:
-                    meta["output_token_logprobs"].append([-0.5, tok, piece])
-                    meta["output_top_logprobs"].append(self._tops(tok, single.top_logprobs_num))
+                    delta.lps.append([-0.5, tok, piece])
+                    delta.tops.append(self._tops(tok, single.top_logprobs_num))
                 matched = next((s for s in params.stop if (text + piece).endswith(s)), None)
                 if matched is not None:
-                    finish = {"type": "stop", "matched": matched}
-                    delta = piece[: len(piece) - len(matched)] if len(matched) <= len(piece) else ""
-            text += delta
+                    finish = FinishReason("stop", matched=matched)
+                    delta.text = (piece[: len(piece) - len(matched)]
+                                  if len(matched) <= len(piece) else "")
+            text += delta.text
             self.last_receive_time = time.monotonic()
-            meta.update(completion_tokens=len(out_ids), finish_reason=finish,
-                        e2e_latency=time.monotonic() - created, forward_steps=len(out_ids),
-                        jump_forward_tokens=0)
-            out = {"index": index, "text": text, "delta": delta, "output_ids": list(out_ids),
-                   "meta_info": dict(meta), "first_token_time": first_token_time,
-                   "created": created}
+            if not single.stream:
+                acc.extend(delta)
+                if finish is None:
+                    continue
+                delta = acc
+            out = GenerateOutput(
+                index=index, rid=rid, text=delta.text, token_ids=delta.ids,
+                prompt_tokens=len(ids), completion_tokens=len(out_ids), cached_tokens=cached,
+                forward_steps=len(out_ids), jump_forward_tokens=0, finish_reason=finish,
+                created=created, first_token_time=first_token_time,
+                e2e_latency=time.monotonic() - created)
+            if single.return_logprob:
+                out.output_token_logprobs, out.output_top_logprobs = delta.lps, delta.tops
+                if input_lps is not None:
+                    out.input_token_logprobs, out.input_top_logprobs = input_lps
+                    input_lps = None  # sent once
             if finish is not None and self.on_sample_finished is not None:
                 self.on_sample_finished(out)
             await queue.put(out)

@@ -14,8 +14,10 @@ from _fake_runtime import FakeTokenizerManager, byte_tokenizer, fake_starter
 from starlette.testclient import TestClient
 
 from radixlm.entrypoints.http_server import create_app
+from radixlm.io_struct import FinishReason
 from radixlm.sampling.sampling_params import GRAMMAR_PARAMS, TOO_MANY_GRAMMARS
 from radixlm.server_args import ServerArgs
+from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.request_input import GenerateReqInput
 
 ROUTES = {"chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
@@ -187,14 +189,14 @@ def test_grammar_the_backend_cannot_serve_is_400(tokenizer: Any, route: str, bac
 class _BadGrammarTokenizerManager(FakeTokenizerManager):
     """Ends every request as the scheduler ends one whose grammar does not compile."""
 
-    async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, obj: GenerateReqInput) -> AsyncIterator[GenerateOutput]:
         self.received.append(obj)
-        reason = {"type": "abort", "matched": None,
-                  "message": "Failed to compile regex grammar: unbalanced parenthesis"}
-        yield {"index": 0, "text": "", "delta": "", "output_ids": [],
-               "meta_info": {"id": "x", "prompt_tokens": 2, "completion_tokens": 0,
-                             "cached_tokens": 0, "finish_reason": reason, "status_code": 400,
-                             "forward_steps": 0, "jump_forward_tokens": 0}}
+        reason = FinishReason("abort", message="Failed to compile regex grammar: "
+                              "unbalanced parenthesis", status_code=400)
+        yield GenerateOutput(index=0, rid="x", text="", token_ids=[], prompt_tokens=2,
+                             completion_tokens=0, cached_tokens=0, forward_steps=0,
+                             jump_forward_tokens=0, finish_reason=reason, created=0.0,
+                             first_token_time=None, e2e_latency=0.0)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])

@@ -12,26 +12,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from radixlm.chat_template import template_stop_ids
-from radixlm.entrypoints.http_utils import (
-    SSE_DONE,
-    aclose,
-    all_outputs,
-    collect,
-    open_stream,
-    parse_body,
-    sse,
-    sse_error,
-    sse_response,
-)
+from radixlm.entrypoints.http_utils import collect, parse_body, sse, sse_stream
 from radixlm.entrypoints.openai.chat_prompt import build_chat_prompt
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse
+from radixlm.entrypoints.openai.errors import JSONResponse
 from radixlm.entrypoints.openai.protocol import (
     ChatChoice,
     ChatCompletionRequest,
@@ -45,9 +34,9 @@ from radixlm.entrypoints.openai.utils import (
     finish_fields,
     make_usage,
     new_id,
-    num_output_logprobs,
 )
 from radixlm.entrypoints.server_state import ServerState
+from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.request_input import GenerateReqInput
 
 
@@ -71,9 +60,7 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     if not req.stream:
         outs = await collect(request, tm.generate(obj))
         return JSONResponse(translator.response(outs))
-    outputs = tm.generate(obj)
-    first = await open_stream(request, outputs)
-    return sse_response(translator.events(all_outputs(first, outputs)))
+    return await sse_stream(request, tm.generate(obj), translator.events, translator.tail)
 
 
 class _Translator:
@@ -85,19 +72,19 @@ class _Translator:
         self.model = req.model or model_name
         self.id = new_id("chatcmpl")
         self.created = int(time.time())
+        self.latest: dict[int, GenerateOutput] = {}  # each choice's latest output (usage)
 
-    def response(self, outs: list[dict[str, Any]]) -> dict[str, Any]:
+    def response(self, outs: list[GenerateOutput]) -> dict[str, Any]:
         choices = []
         for out in outs:
-            meta = out["meta_info"]
             logprobs = None
             if self.req.logprobs:
-                logprobs = ChatLogprobs(content=chat_logprobs(meta, self.tokenizer))
-            finish, matched = finish_fields(meta)
+                logprobs = ChatLogprobs(content=chat_logprobs(out, self.tokenizer))
+            finish, matched = finish_fields(out)
             choices.append(ChatChoice(
-                index=out["index"], message=ChatResponseMessage(content=out["text"]),
+                index=out.index, message=ChatResponseMessage(content=out.text),
                 logprobs=logprobs, finish_reason=finish, matched_stop=matched))
-        usage = make_usage({o["index"]: o["meta_info"] for o in outs}, self.req.n)
+        usage = make_usage({o.index: o for o in outs}, self.req.n)
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
                                       choices=choices, usage=usage).model_dump()
 
@@ -113,36 +100,30 @@ class _Translator:
                 "logprobs": logprobs.model_dump() if logprobs is not None else None,
                 "finish_reason": finish, "matched_stop": matched}
 
-    async def events(self, outputs: AsyncIterator[dict[str, Any] | APIError]
-                     ) -> AsyncGenerator[bytes, None]:
-        metas: dict[int, dict[str, Any]] = {}
-        num_sent: dict[int, int] = {}  # output logprobs sent, per index
-        try:
-            async for out in outputs:
-                if isinstance(out, APIError):
-                    yield sse_error(out)
-                    break
-                index, meta = out["index"], out["meta_info"]
-                first_seen = index not in metas
-                metas[index] = meta
-                usage = make_usage(metas, self.req.n) if self.req.continuous_usage else None
-                if first_seen:
-                    yield self._chunk([self._choice(index, {"role": "assistant", "content": ""})],
-                                      usage)
-                logprobs = None
-                if self.req.logprobs:
-                    content = chat_logprobs(meta, self.tokenizer, num_sent.get(index, 0))
-                    num_sent[index] = num_output_logprobs(meta)
-                    logprobs = ChatLogprobs(content=content) if content else None
-                finish, matched = finish_fields(meta)
-                delta = out["delta"]
-                if not delta and logprobs is None and finish is None:
-                    continue
-                yield self._chunk([self._choice(index, {"content": delta} if delta else {},
-                                                logprobs, finish, matched)], usage)
-            else:
-                if self.req.include_usage:
-                    yield self._chunk([], make_usage(metas, self.req.n))
-            yield SSE_DONE
-        finally:
-            await aclose(outputs)
+    def events(self, out: GenerateOutput) -> list[bytes]:
+        """The chunks for one output: a choice's first carries the role, then its new
+        content and logprobs; the last one its finish_reason."""
+        events = []
+        first_seen = out.index not in self.latest
+        self.latest[out.index] = out
+        usage = make_usage(self.latest, self.req.n) if self.req.continuous_usage else None
+        if first_seen:
+            events.append(self._chunk([self._choice(out.index,
+                                                    {"role": "assistant", "content": ""})],
+                                      usage))
+        logprobs = None
+        if self.req.logprobs:
+            content = chat_logprobs(out, self.tokenizer)
+            logprobs = ChatLogprobs(content=content) if content else None
+        finish, matched = finish_fields(out)
+        if out.text or logprobs is not None or finish is not None:
+            events.append(self._chunk([self._choice(
+                out.index, {"content": out.text} if out.text else {}, logprobs, finish,
+                matched)], usage))
+        return events
+
+    def tail(self) -> list[bytes]:
+        """After the last output: the usage chunk, when asked for."""
+        if not self.req.include_usage:
+            return []
+        return [self._chunk([], make_usage(self.latest, self.req.n))]

@@ -12,24 +12,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixlm.entrypoints.http_utils import (
-    SSE_DONE,
-    aclose,
-    all_outputs,
-    collect,
-    open_stream,
-    parse_body,
-    sse,
-    sse_error,
-    sse_response,
-)
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse
+from radixlm.entrypoints.http_utils import collect, parse_body, sse, sse_stream
+from radixlm.entrypoints.openai.errors import JSONResponse
 from radixlm.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -43,10 +32,10 @@ from radixlm.entrypoints.openai.utils import (
     make_usage,
     merge_logprobs,
     new_id,
-    num_output_logprobs,
 )
 from radixlm.entrypoints.server_state import ServerState
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
+from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.request_input import GenerateReqInput
 
 
@@ -94,7 +83,7 @@ async def create_completion(request: Request, state: ServerState) -> Response:
         sampling_params=req.sampling_params(req.max_tokens),
         rid=batch_rids(req.rid, "cmpl", len(prompts)),
         return_logprob=want_logprobs,
-        logprob_start_len=0 if req.echo and want_logprobs else -1,
+        logprob_start_len=0 if req.echo and want_logprobs else None,
         top_logprobs_num=req.logprobs or 0,
         stream=req.stream,
     )
@@ -102,9 +91,7 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     if not req.stream:
         outs = await collect(request, tm.generate(obj))
         return JSONResponse(translator.response(outs))
-    outputs = tm.generate(obj)
-    first = await open_stream(request, outputs)
-    return sse_response(translator.events(all_outputs(first, outputs)))
+    return await sse_stream(request, tm.generate(obj), translator.events, translator.tail)
 
 
 class _Translator:
@@ -119,25 +106,26 @@ class _Translator:
         self.id = new_id("cmpl")
         self.created = int(time.time())
         self.want_logprobs = req.logprobs is not None
+        self.latest: dict[int, GenerateOutput] = {}  # each choice's latest output (usage)
+        self.builders: dict[int, CompletionLogprobsBuilder] = {}  # per choice, for offsets
 
     def _prompt_of(self, index: int) -> tuple[str, list[int]]:
         return self.prompts[index // self.req.n]
 
-    def response(self, outs: list[dict[str, Any]]) -> dict[str, Any]:
+    def response(self, outs: list[GenerateOutput]) -> dict[str, Any]:
         choices = []
         for out in outs:
-            meta, index = out["meta_info"], out["index"]
-            prompt_text, prompt_ids = self._prompt_of(index)
+            prompt_text, prompt_ids = self._prompt_of(out.index)
             logprobs = None
             if self.want_logprobs:
                 builder = CompletionLogprobsBuilder(self.tokenizer)
-                head = builder.prompt(prompt_ids, meta) if self.req.echo else CompletionLogprobs()
-                logprobs = merge_logprobs(head, builder.output(meta))
-            finish, matched = finish_fields(meta)
-            text = prompt_text + out["text"] if self.req.echo else out["text"]
-            choices.append(CompletionChoice(index=index, text=text, logprobs=logprobs,
+                head = builder.prompt(prompt_ids, out) if self.req.echo else CompletionLogprobs()
+                logprobs = merge_logprobs(head, builder.output(out))
+            finish, matched = finish_fields(out)
+            text = prompt_text + out.text if self.req.echo else out.text
+            choices.append(CompletionChoice(index=out.index, text=text, logprobs=logprobs,
                                             finish_reason=finish, matched_stop=matched))
-        usage = make_usage({o["index"]: o["meta_info"] for o in outs}, self.req.n)
+        usage = make_usage({o.index: o for o in outs}, self.req.n)
         return CompletionResponse(id=self.id, created=self.created, model=self.model,
                                   choices=choices, usage=usage).model_dump()
 
@@ -146,40 +134,32 @@ class _Translator:
                     "model": self.model, "choices": choices,
                     "usage": usage.model_dump() if usage is not None else None})
 
-    async def events(self, outputs: AsyncIterator[dict[str, Any] | APIError]
-                     ) -> AsyncGenerator[bytes, None]:
-        metas: dict[int, dict[str, Any]] = {}
-        builders: dict[int, CompletionLogprobsBuilder] = {}
-        num_sent: dict[int, int] = {}  # output logprobs sent, per index
-        try:
-            async for out in outputs:
-                if isinstance(out, APIError):
-                    yield sse_error(out)
-                    break
-                index, meta = out["index"], out["meta_info"]
-                first_seen = index not in metas
-                metas[index] = meta
-                text = out["delta"]
-                prompt_text, prompt_ids = self._prompt_of(index)
-                if first_seen and self.req.echo:
-                    text = prompt_text + text
-                logprobs = None
-                if self.want_logprobs:
-                    builder = builders.setdefault(index, CompletionLogprobsBuilder(self.tokenizer))
-                    head = (builder.prompt(prompt_ids, meta) if first_seen and self.req.echo
-                            else CompletionLogprobs())
-                    logprobs = merge_logprobs(head, builder.output(meta, num_sent.get(index, 0)))
-                    num_sent[index] = num_output_logprobs(meta)
-                finish, matched = finish_fields(meta)
-                if not text and not (logprobs and logprobs.tokens) and finish is None:
-                    continue
-                usage = make_usage(metas, self.req.n) if self.req.continuous_usage else None
-                yield self._chunk([CompletionChoice(
-                    index=index, text=text, logprobs=logprobs, finish_reason=finish,
-                    matched_stop=matched).model_dump()], usage)
-            else:
-                if self.req.include_usage:
-                    yield self._chunk([], make_usage(metas, self.req.n))
-            yield SSE_DONE
-        finally:
-            await aclose(outputs)
+    def events(self, out: GenerateOutput) -> list[bytes]:
+        """The chunk for one output: its new text (after the prompt, for echo, in a
+        choice's first chunk) and logprobs; none when it carries nothing."""
+        index = out.index
+        first_seen = index not in self.latest
+        self.latest[index] = out
+        text = out.text
+        prompt_text, prompt_ids = self._prompt_of(index)
+        if first_seen and self.req.echo:
+            text = prompt_text + text
+        logprobs = None
+        if self.want_logprobs:
+            builder = self.builders.setdefault(index, CompletionLogprobsBuilder(self.tokenizer))
+            head = (builder.prompt(prompt_ids, out) if first_seen and self.req.echo
+                    else CompletionLogprobs())
+            logprobs = merge_logprobs(head, builder.output(out))
+        finish, matched = finish_fields(out)
+        if not text and not (logprobs and logprobs.tokens) and finish is None:
+            return []
+        usage = make_usage(self.latest, self.req.n) if self.req.continuous_usage else None
+        return [self._chunk([CompletionChoice(
+            index=index, text=text, logprobs=logprobs, finish_reason=finish,
+            matched_stop=matched).model_dump()], usage)]
+
+    def tail(self) -> list[bytes]:
+        """After the last output: the usage chunk, when asked for."""
+        if not self.req.include_usage:
+            return []
+        return [self._chunk([], make_usage(self.latest, self.req.n))]

@@ -1,10 +1,10 @@
 """Translation helpers from the runtime's outputs to OpenAI fields.
 
-A runtime output is the TokenizerManager's dict: `index` (prompt-major:
-prompt i, sample j of n is i * n + j, which is also OpenAI's choice index),
-`text`, `delta`, `output_ids`, `meta_info` (see TokenizerManager.generate).
-Logprob entries are `[logprob, token_id, token_text]` (logprob None for a
-prompt's first token).
+A runtime output is a `GenerateOutput` (tokenizer/generate_output.py): its
+`index` is prompt-major (prompt i, sample j of n is i * n + j, which is also
+OpenAI's choice index), and it carries what its sample produced since its
+previous output. Logprob items are `[logprob, token_id, token_text]` (None
+for a prompt's first token).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from radixlm.entrypoints.openai.protocol import (
     TopLogprob,
     Usage,
 )
+from radixlm.tokenizer.generate_output import GenerateOutput
 
 
 def new_id(prefix: str) -> str:
@@ -33,23 +34,24 @@ def batch_rids(base: str | None, prefix: str, num_prompts: int) -> list[str]:
     return [base] if num_prompts == 1 else [f"{base}-{i}" for i in range(num_prompts)]
 
 
-def finish_fields(meta: dict[str, Any]) -> tuple[str | None, str | int | None]:
+def finish_fields(out: GenerateOutput) -> tuple[str | None, str | int | None]:
     """(finish_reason, matched_stop): "stop" | "length" | "abort", and the stop string
     or token id that ended the sample (None unless it stopped on one)."""
-    reason = meta.get("finish_reason")
-    if not reason:
+    reason = out.finish_reason
+    if reason is None:
         return None, None
-    return reason.get("type"), reason.get("matched")
+    return reason.type, reason.matched
 
 
-def make_usage(metas: dict[int, dict[str, Any]], n: int) -> Usage:
-    """Usage over all choices; a prompt (and its cached part) counts once, not n times;
-    completion_tokens_details.jump_forward_tokens is radixlm's extra."""
-    firsts = [m for i, m in metas.items() if i % n == 0]
-    prompt = sum(int(m.get("prompt_tokens", 0)) for m in firsts)
-    cached = sum(int(m.get("cached_tokens", 0)) for m in firsts)
-    completion = sum(int(m.get("completion_tokens", 0)) for m in metas.values())
-    jumped = sum(int(m.get("jump_forward_tokens", 0)) for m in metas.values())
+def make_usage(outs: dict[int, GenerateOutput], n: int) -> Usage:
+    """Usage over all choices (each choice's latest output); a prompt (and its cached
+    part) counts once, not n times; completion_tokens_details.jump_forward_tokens is
+    radixlm's extra."""
+    firsts = [o for i, o in outs.items() if i % n == 0]
+    prompt = sum(o.prompt_tokens for o in firsts)
+    cached = sum(o.cached_tokens for o in firsts)
+    completion = sum(o.completion_tokens for o in outs.values())
+    jumped = sum(o.jump_forward_tokens for o in outs.values())
     return Usage(prompt_tokens=prompt, completion_tokens=completion,
                  total_tokens=prompt + completion,
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
@@ -75,30 +77,30 @@ class CompletionLogprobsBuilder:
         self.tokenizer = tokenizer
         self.offset = 0  # characters of text already covered
 
-    def prompt(self, prompt_ids: list[int], meta: dict[str, Any]) -> CompletionLogprobs:
+    def prompt(self, prompt_ids: list[int], out: GenerateOutput) -> CompletionLogprobs:
         """Echoed prompt tokens: logprob None for the first (nothing precedes it)."""
         tokens = [self.tokenizer.decode([t]) for t in prompt_ids]
-        lps = list(meta.get("input_token_logprobs") or [])
-        tops = list(meta.get("input_top_logprobs") or [])
+        lps = out.input_token_logprobs or []
+        tops = out.input_top_logprobs or []
         skip = len(prompt_ids) - len(lps)  # positions before logprob_start_len
-        out = CompletionLogprobs()
+        result = CompletionLogprobs()
         for i, tok in enumerate(tokens):
             entry = lps[i - skip] if i >= skip else None
             top = tops[i - skip] if 0 <= i - skip < len(tops) else None
-            self._add(out, tok, entry[0] if entry else None,
+            self._add(result, tok, entry[0] if entry else None,
                       _top_dict(top, self.tokenizer) if top else None)
-        return out
+        return result
 
-    def output(self, meta: dict[str, Any], start: int = 0) -> CompletionLogprobs:
-        """Output tokens from position `start` on."""
-        lps = list(meta.get("output_token_logprobs") or [])[start:]
-        tops = list(meta.get("output_top_logprobs") or [])[start:]
-        out = CompletionLogprobs()
+    def output(self, out: GenerateOutput) -> CompletionLogprobs:
+        """The output tokens `out` carries."""
+        lps = out.output_token_logprobs or []
+        tops = out.output_top_logprobs or []
+        result = CompletionLogprobs()
         for i, entry in enumerate(lps):
             top = tops[i] if i < len(tops) else None
-            self._add(out, _text(entry, self.tokenizer), entry[0] if entry else None,
+            self._add(result, _text(entry, self.tokenizer), entry[0] if entry else None,
                       _top_dict(top, self.tokenizer))
-        return out
+        return result
 
     def _add(self, out: CompletionLogprobs, token: str, logprob: float | None,
              top: dict[str, float] | None) -> None:
@@ -116,10 +118,10 @@ def merge_logprobs(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLo
                               text_offset=a.text_offset + b.text_offset)
 
 
-def chat_logprobs(meta: dict[str, Any], tokenizer: Any, start: int = 0) -> list[TokenLogprob]:
-    """Chat `logprobs.content` for output tokens from position `start` on."""
-    lps = list(meta.get("output_token_logprobs") or [])[start:]
-    tops = list(meta.get("output_top_logprobs") or [])[start:]
+def chat_logprobs(out: GenerateOutput, tokenizer: Any) -> list[TokenLogprob]:
+    """Chat `logprobs.content` for the output tokens `out` carries."""
+    lps = out.output_token_logprobs or []
+    tops = out.output_top_logprobs or []
     content = []
     for i, entry in enumerate(lps):
         text = _text(entry, tokenizer)
@@ -131,7 +133,3 @@ def chat_logprobs(meta: dict[str, Any], tokenizer: Any, start: int = 0) -> list[
         content.append(TokenLogprob(token=text, logprob=entry[0] if entry else None,
                                     bytes=list(text.encode("utf-8")), top_logprobs=top))
     return content
-
-
-def num_output_logprobs(meta: dict[str, Any]) -> int:
-    return len(meta.get("output_token_logprobs") or [])
