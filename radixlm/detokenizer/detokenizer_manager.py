@@ -14,7 +14,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -22,6 +22,10 @@ from radixlm.detokenizer.incremental_detokenizer import DecodeState, Incremental
 from radixlm.detokenizer.stop_strings import safe_stream_len, trim_at_stop
 from radixlm.io_struct import BatchStrOut, BatchTokenIDOut, ProcessError, StrOut, TokenOut
 from radixlm.utils import PortArgs, configure_logging, parent_alive
+
+if TYPE_CHECKING:
+    from radixlm.server_args import ServerArgs
+    from radixlm.tokenizer_utils import TokenDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +38,7 @@ class _ReqText:
 
 
 class DetokenizerManager:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: TokenDecoder) -> None:
         self.detok = IncrementalDetokenizer(tokenizer)
         self.reqs: dict[str, _ReqText] = {}
 
@@ -70,7 +74,7 @@ class DetokenizerManager:
         return StrOut(out.rid, delta, out)
 
 
-def run_detokenizer_process(server_args: Any, model_dir: str, ports: PortArgs) -> None:
+def run_detokenizer_process(server_args: ServerArgs, model_dir: str, ports: PortArgs) -> None:
     configure_logging(server_args.log_level, prefix="detokenizer")
     ctx = zmq.Context(1)
     ctx.setsockopt(zmq.LINGER, 0)  # never wait on a dead peer at exit

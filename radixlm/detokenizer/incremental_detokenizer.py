@@ -23,7 +23,10 @@ decodes every window of the batch in one `batch_decode` call per flag set.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from radixlm.tokenizer_utils import TokenDecoder
 
 REPLACEMENT_CHAR = "\ufffd"
 # Confirmed ids before surr_offset are dropped once this many pile up, so a
@@ -66,12 +69,12 @@ class _Window(NamedTuple):
 class IncrementalDetokenizer:
     """Turns each request's new token ids into newly confirmed text.
 
-    tokenizer: a Hugging Face tokenizer (PreTrainedTokenizerBase); only its
+    tokenizer: a Hugging Face tokenizer or a `DecodeTokenizer`; only its
     `batch_decode` is used, with clean-up of tokenization spaces as the
     tokenizer is configured (off for the byte-level BPE models we serve).
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: TokenDecoder) -> None:
         self.tokenizer = tokenizer
 
     def step(

@@ -1,7 +1,7 @@
 """The device-side description of one forward pass.
 
-The scheduler describes a step with plain CPU objects (`StepPlan`); the model
-runner turns that into a `ForwardBatch` of tensors, which the model and the
+The scheduler describes a step with plain CPU objects (`ForwardStep`, see
+forward_step.py); the model runner turns that into a `ForwardBatch` of tensors, which the model and the
 attention backend read. Every request in a batch "extends" its sequence by
 `extend_lens[i]` tokens (1 for a decode, a chunk for a prefill, more for a
 jump-forward), after `prefix_lens[i]` tokens whose KV is already in the pool.
@@ -12,7 +12,7 @@ Tokens are flattened request-major: request i owns rows
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -44,8 +44,6 @@ class ForwardBatch:
     # multimodal model writes the features of the items overlapping this step's
     # extend, rows prefix_lens[i] .. prefix_lens[i] + extend_lens[i] of request i.
     mm_inputs: list[MultimodalInputs | None] | None = None
-    # Optional inputs for later model types.
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -62,7 +60,3 @@ class ForwardBatch:
             starts.append(acc)
             acc += n
         return starts
-
-    @property
-    def is_decode_only(self) -> bool:
-        return all(n == 1 for n in self.extend_lens)
