@@ -247,10 +247,10 @@ def test_a_row_without_a_valid_distribution_fails_its_request_alone() -> None:
     runner = s.runner
     real_forward = runner.forward
 
-    def forward(plan: StepPlan) -> ForwardResult:
-        result = real_forward(plan)
-        ids = [None if item.req.rid == "nan" and item.samples else t
-               for item, t in zip(plan.items, result.next_token_ids)]
+    def forward(step: ForwardStep) -> StepResult:
+        result = real_forward(step)
+        row_rids = [item.rid for item in step.items for _ in range(item.num_sample_rows)]
+        ids = [None if rid == "nan" else t for rid, t in zip(row_rids, result.next_token_ids)]
         return result._replace(next_token_ids=ids)
 
     runner.forward = forward  # type: ignore[method-assign]

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixlm.entrypoints.http_utils import collect, parse_body, sse, sse_stream
-from radixlm.entrypoints.openai.errors import JSONResponse
+from radixlm.entrypoints.openai.errors import APIError, JSONResponse
 from radixlm.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionLogprobs,
