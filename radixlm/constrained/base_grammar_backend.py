@@ -14,6 +14,7 @@ xgrammar / llguidance layout). Rows of unconstrained requests stay all ones.
 from __future__ import annotations
 
 import abc
+import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,8 @@ import xgrammar as xgr
 from radixlm.sampling.sampling_params import GRAMMAR_PARAMS
 
 GRAMMAR_KINDS = GRAMMAR_PARAMS
+
+logger = logging.getLogger(__name__)
 
 
 class GrammarError(ValueError):
@@ -36,8 +39,11 @@ _NATIVE_PREFIX = re.compile(r"^\[\d{2}:\d{2}:\d{2}\] \S+:\d+: (Check failed: \(.
 
 
 def compile_error(kind: str, reason: object) -> GrammarError:
-    """The user-facing error: the library's reason, without C++ source locations."""
+    """The user-facing error: the library's reason, without C++ source locations (the
+    full text goes to the server log)."""
     text = _NATIVE_PREFIX.sub("", str(reason)).strip()
+    if text != str(reason).strip():
+        logger.info("The %s grammar failed to compile: %s", kind, reason)
     return GrammarError(f"Failed to compile {kind} grammar: {text}")
 
 
