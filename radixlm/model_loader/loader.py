@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from radixlm.model_loader.default_model import resolve_model_dir
-from radixlm.models.base import CausalLM
+from radixlm.models.base import CausalLM, PoolingModel
+from radixlm.models.pooler import read_pooling_config
 from radixlm.models.registry import get_model_class
 
 logger = logging.getLogger(__name__)
@@ -61,20 +62,50 @@ def iterate_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
             yield from state.items()
 
 
-def load_model(model_path: str, dtype: torch.dtype, device: str) -> tuple[CausalLM, Any]:
-    """(model in eval mode, its transformers config) for a Hugging Face folder or a GGUF file.
+class CheckpointShapes(dict[str, tuple[int, ...]]):
+    """Every tensor of a checkpoint: its name → shape (recorded while loading)."""
 
-    The model class is picked by `config.architectures` (see models/registry.py).
+    def first_difference(self, other: CheckpointShapes) -> str | None:
+        """A sentence naming the first tensor that differs from `other`, or None."""
+        for name in sorted(set(self) | set(other)):
+            if name not in other:
+                return f"the new checkpoint lacks {name!r}"
+            if name not in self:
+                return f"the new checkpoint has {name!r}, which the served model lacks"
+            if self[name] != other[name]:
+                return (f"{name!r} has shape {list(other[name])} in the new checkpoint, "
+                        f"{list(self[name])} in the served model")
+        return None
+
+
+def _recording(weights: Iterator[tuple[str, torch.Tensor]], shapes: CheckpointShapes
+               ) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in weights:
+        shapes[name] = tuple(tensor.shape)
+        yield name, tensor
+
+
+def load_model(model_path: str, dtype: torch.dtype, device: str, is_embedding: bool = False,
+               shapes: CheckpointShapes | None = None) -> tuple[CausalLM, Any]:
+    """(model in eval mode, its transformers config) for a Hugging Face folder or a GGUF
+    file; `shapes`, when given, receives every checkpoint tensor's shape.
+
+    The model class is picked by `config.architectures` (see models/registry.py);
+    `is_embedding` serves a causal LM for embeddings. A pooling model pools as the
+    folder's sentence-transformers files say (models/pooler.py).
     """
     from transformers import AutoConfig
 
     start = time.perf_counter()
     model_dir = resolve_model_dir(model_path)
     config = AutoConfig.from_pretrained(model_dir)
-    model_cls = get_model_class(config)
+    model_cls = get_model_class(config, is_embedding)
     with torch.device(device):
         model = model_cls(config, dtype)
-    model.load_weights(iterate_weights(model_dir))
+    if isinstance(model, PoolingModel) and model.num_labels == 0:
+        model.pooling = read_pooling_config(model_dir, model.default_pooling)
+    weights = iterate_weights(model_dir)
+    model.load_weights(weights if shapes is None else _recording(weights, shapes))
     model.eval()
     logger.info(
         "loaded %s (%s, %s) in %.2f s",

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
+from radixlm.models.pooler import PoolingConfig
+
 if TYPE_CHECKING:
     from radixlm.model_executor.forward_batch import ForwardBatch
 
@@ -23,6 +25,8 @@ class CausalLM(nn.Module):
     # True for models that take images (models/llava.py); the pipeline rejects
     # image input for the others.
     has_vision: ClassVar[bool] = False
+    # False for models that answer a prompt with a vector (PoolingModel).
+    is_generation: ClassVar[bool] = True
 
     def __init__(self, config: Any, dtype: torch.dtype | None = None) -> None:
         super().__init__()
@@ -53,3 +57,43 @@ class CausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy (Hugging Face name, tensor) pairs into the parameters."""
         raise NotImplementedError
+
+
+class PoolingModel(CausalLM):
+    """A model that answers each prompt with one vector instead of generating.
+
+    Embedding models return the pooled hidden state (`num_labels == 0`);
+    classifiers return one logit per label. `pooling` is set by the loader
+    from the checkpoint folder (see models/pooler.py). `is_causal` False means
+    attention is bidirectional: a prompt is computed in one step from
+    position 0 and never shares the prefix cache.
+    """
+
+    is_generation: ClassVar[bool] = False
+    is_causal: ClassVar[bool] = True
+    default_pooling: ClassVar[PoolingConfig] = PoolingConfig("last", normalize=True)
+
+    def __init__(self, config: Any, dtype: torch.dtype | None = None) -> None:
+        super().__init__(config, dtype)
+        self.pooling: PoolingConfig = self.default_pooling
+
+    @property
+    def num_labels(self) -> int:
+        """Number of classifier outputs; 0 for an embedding model."""
+        return 0
+
+    @property
+    def needs_whole_prompt(self) -> bool:
+        """True when a prompt must be computed in one step from position 0."""
+        return not self.is_causal or self.pooling.needs_whole_prompt
+
+    def pool_forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        """input_ids, positions [T] → one float32 row per request [B, D]: the pooled
+        vector (unnormalized) or the label logits. Rows of requests whose prompt is not
+        complete in this step are meaningless (their KV is still written)."""
+        raise NotImplementedError
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise TypeError(f"{type(self).__name__} does not generate")

@@ -14,7 +14,7 @@ exact for sequences no longer than the window.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import torch
@@ -214,30 +214,48 @@ class LlamaForCausalLM(CausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load Hugging Face-named tensors; raises on an unknown name or a missing weight."""
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue
-            if self.tie_word_embeddings and name == "lm_head.weight":
-                name = "model.embed_tokens.weight"  # the same tensor
-            for fused, hf_proj, shard_id in _STACKED_PARAMS:
-                if f".{hf_proj}." in name:
-                    name = name.replace(f".{hf_proj}.", f".{fused}.")
-                    get_weight_loader(self._param(params, name))(params[name], tensor, shard_id)
-                    break
-            else:
-                get_weight_loader(self._param(params, name))(params[name], tensor)
-            loaded.add(name)
-        missing = sorted(set(params) - loaded)
-        if missing:
-            raise ValueError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:5]}")
 
-    @staticmethod
-    def _param(params: dict[str, nn.Parameter], name: str) -> nn.Parameter:
-        if name not in params:
-            raise ValueError(f"checkpoint weight {name!r} matches no parameter of the model")
-        return params[name]
+        def rename(name: str) -> str | None:
+            if self.tie_word_embeddings and name == "lm_head.weight":
+                return "model.embed_tokens.weight"  # the same tensor
+            return name
+
+        load_llama_weights(self, weights, rename)
+
+
+def load_llama_weights(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                       rename: Callable[[str], str | None]) -> None:
+    """Copy Hugging Face-named tensors into `module`, fusing q/k/v and gate/up.
+
+    `rename` maps a checkpoint name to the module's (None skips the tensor).
+    Raises ValueError on a name that matches no parameter, a shape that differs,
+    or a parameter the checkpoint lacks.
+    """
+    params = dict(module.named_parameters())
+    loaded: set[str] = set()
+    for hf_name, tensor in weights:
+        if "rotary_emb.inv_freq" in hf_name:
+            continue
+        name = rename(hf_name)
+        if name is None:
+            continue
+        for fused, hf_proj, shard_id in _STACKED_PARAMS:
+            if f".{hf_proj}." in name:
+                name = name.replace(f".{hf_proj}.", f".{fused}.")
+                get_weight_loader(_param(params, name))(params[name], tensor, shard_id)
+                break
+        else:
+            get_weight_loader(_param(params, name))(params[name], tensor)
+        loaded.add(name)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:5]}")
+
+
+def _param(params: dict[str, nn.Parameter], name: str) -> nn.Parameter:
+    if name not in params:
+        raise ValueError(f"checkpoint weight {name!r} matches no parameter of the model")
+    return params[name]
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -20,6 +20,32 @@ _MODELS: dict[str, str | type[CausalLM]] = {
     "LlavaOnevisionForConditionalGeneration": (
         "radixlm.models.llava:LlavaOnevisionForConditionalGeneration"
     ),
+    # Pooling models (served for /encode, /classify, /v1/embeddings, /v1/rerank).
+    "LlamaModel": "radixlm.models.llama_pooling:LlamaEmbeddingModel",
+    "MistralModel": "radixlm.models.llama_pooling:MistralEmbeddingModel",
+    "Qwen2Model": "radixlm.models.llama_pooling:Qwen2EmbeddingModel",
+    "LlamaForSequenceClassification": "radixlm.models.llama_pooling:LlamaForSequenceClassification",
+    "MistralForSequenceClassification": (
+        "radixlm.models.llama_pooling:MistralForSequenceClassification"
+    ),
+    "Qwen2ForSequenceClassification": "radixlm.models.llama_pooling:Qwen2ForSequenceClassification",
+    "BertModel": "radixlm.models.hf_encoder:HFEncoderEmbeddingModel",
+    "RobertaModel": "radixlm.models.hf_encoder:HFEncoderEmbeddingModel",
+    "XLMRobertaModel": "radixlm.models.hf_encoder:HFEncoderEmbeddingModel",
+    "BertForSequenceClassification": "radixlm.models.hf_encoder:HFEncoderForSequenceClassification",
+    "RobertaForSequenceClassification": (
+        "radixlm.models.hf_encoder:HFEncoderForSequenceClassification"
+    ),
+    "XLMRobertaForSequenceClassification": (
+        "radixlm.models.hf_encoder:HFEncoderForSequenceClassification"
+    ),
+}
+
+# --is-embedding serves a causal LM's hidden states, pooled, instead of generating.
+_AS_EMBEDDING = {
+    "LlamaForCausalLM": "LlamaModel",
+    "MistralForCausalLM": "MistralModel",
+    "Qwen2ForCausalLM": "Qwen2Model",
 }
 
 
@@ -32,20 +58,34 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
+def pooling_architectures() -> list[str]:
+    """Architectures that answer with vectors (served as non-generation models)."""
+    return sorted(a for a in _MODELS if a.endswith(("Model", "ForSequenceClassification")))
+
+
 def _resolve(entry: str | type[CausalLM]) -> type[CausalLM]:
     cls: type[CausalLM] = resolve_lazy(entry)
     return cls
 
 
-def get_model_class(config: Any) -> type[CausalLM]:
+def get_model_class(config: Any, is_embedding: bool = False) -> type[CausalLM]:
     """The class for the first of `config.architectures` that is supported.
 
-    Raises ValueError naming the architectures asked for and those supported.
+    With `is_embedding`, a causal LM is served as its embedding model, and a
+    model that can only generate is an error. Raises ValueError naming the
+    architectures asked for and those supported.
     """
     architectures = list(getattr(config, "architectures", None) or [])
     for arch in architectures:
+        if is_embedding:
+            arch = _AS_EMBEDDING.get(arch, arch)
         if arch in _MODELS:
-            return _resolve(_MODELS[arch])
+            cls = _resolve(_MODELS[arch])
+            if is_embedding and cls.is_generation:
+                raise ValueError(f"{arch} cannot be served with --is-embedding; embedding "
+                                 f"architectures: {', '.join(sorted(_AS_EMBEDDING))} and "
+                                 f"those in {', '.join(pooling_architectures())}")
+            return cls
     raise ValueError(
         f"unsupported model architecture {architectures or '(none in config.json)'}; "
         f"supported: {', '.join(supported_architectures())}"
