@@ -4,6 +4,7 @@ Flow (see DESIGN.md):
     TokenizerManager --TokenizedGenerateReq/AbortReq/control--> Scheduler
     Scheduler --BatchTokenIDOut--> DetokenizerManager --BatchStrOut--> TokenizerManager
     Scheduler --control replies (ServerInfo, FlushCacheDone)--> TokenizerManager
+    Scheduler --BatchEmbeddingOut (pooling models)--> TokenizerManager
 
 Messages are pickled over ZMQ; keep them plain (ints, strs, lists, dicts),
 except for the CPU tensors of a request's images (`MultimodalInputs`).
@@ -56,6 +57,14 @@ class FinishReason:
 
 
 @dataclass
+class PoolingParams:
+    """What a prefill-only request of a pooling model (embedding, classifier) asks for."""
+
+    dimensions: int | None = None  # keep the first N values (Matryoshka), then normalize
+    token_type_ids: list[int] | None = None  # segment ids of a pair (encoders)
+
+
+@dataclass
 class TokenizedGenerateReq:
     rid: str
     input_ids: list[int]
@@ -70,6 +79,10 @@ class TokenizedGenerateReq:
     seed: int | None = None  # resolved per sample (params.seed + index)
     # Images / videos: input_ids already hold each item's run of pad values.
     mm_inputs: MultimodalInputs | None = None
+    # A pooling model's request (max_new_tokens 0): answered with an EmbeddingOut.
+    pooling: PoolingParams | None = None
+    # Batch API traffic: admitted after online requests, retracted before them.
+    background: bool = False
 
 
 @dataclass
@@ -89,7 +102,42 @@ class GetServerInfoReq:
     pass
 
 
+@dataclass
+class UpdateWeightsFromDiskReq:
+    """Swap in the weights of another checkpoint of the same architecture and shapes."""
+
+    model_path: str
+    load_format: str | None = None
+
+
+@dataclass
+class ProfileReq:
+    """Start or stop a torch.profiler trace of the scheduler process."""
+
+    action: str  # "start" | "stop"
+    output_dir: str | None = None
+    num_steps: int | None = None
+    activities: list[str] | None = None  # "CPU", "GPU"
+    record_shapes: bool = False
+    with_stack: bool = False
+    profile_id: str | None = None
+
+
 # ---------------------------------------------------------------- scheduler replies
+
+
+@dataclass
+class UpdateWeightsFromDiskOut:
+    success: bool
+    message: str
+    num_paused_requests: int = 0
+
+
+@dataclass
+class ProfileOut:
+    success: bool
+    message: str
+    trace_path: str | None = None
 
 
 @dataclass
@@ -144,6 +192,24 @@ class TokenOut:
     output_top_logprobs: list[list[LogprobEntry]] | None = None
     input_token_logprobs: list[LogprobEntry | None] | None = None  # sent once
     input_top_logprobs: list[list[LogprobEntry] | None] | None = None
+
+
+@dataclass
+class EmbeddingOut:
+    """A pooling request's answer: its vector (or label logits), or why it failed."""
+
+    rid: str
+    embedding: list[float] | None
+    finished_reason: FinishReason
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class BatchEmbeddingOut:
+    """Scheduler → TokenizerManager directly (there is no text to detokenize)."""
+
+    outs: list[EmbeddingOut]
 
 
 @dataclass

@@ -37,6 +37,10 @@ class ServerArgs:
                              choices=["auto", "none", "w8a8_int8"])
     device: str = _opt("cpu", "cpu | cuda.", choices=["cpu", "cuda"])
     chat_template: str | None = _opt(None, "Built-in template name or a .jinja file.")
+    is_embedding: bool = _opt(False, "Serve a causal LM (Llama, Mistral, Qwen2) for embeddings "
+                              "(/v1/embeddings, /encode) instead of generation; "
+                              "*Model, *ForSequenceClassification and BERT-family checkpoints "
+                              "are served that way without it.")
 
     # Memory and scheduling
     max_total_tokens: int | None = _opt(None, "Number of KV slots (default: from --mem-fraction).")
@@ -90,6 +94,15 @@ class ServerArgs:
         False, "Fetch image and video URLs whose host resolves to a loopback, private, "
         "link-local or other non-public address (default: refused, against SSRF).")
 
+    # Batch API and profiling
+    file_storage_path: str | None = _opt(
+        None, "Folder of the Files and Batch APIs' files (kept across restarts; default: "
+        "$RADIXLM_CACHE_DIR/files or ~/.cache/radixlm/files).")
+    file_storage_max_bytes: int = _opt(1 << 30, "Most bytes all stored files (uploads and "
+                                       "batch results) may take together.")
+    profile_dir: str | None = _opt(None, "Folder for /start_profile traces when the request "
+                                   "names none (default: $TMPDIR/radixlm-profiles).")
+
     # Service
     host: str = _opt("127.0.0.1", "Address to bind.")
     port: int = _opt(30000, "Port to bind.")
@@ -123,6 +136,24 @@ class ServerArgs:
             raise ValueError("--num-threads must be at least 1")
         if self.media_fetch_timeout <= 0 or self.max_media_bytes < 1:
             raise ValueError("--media-fetch-timeout and --max-media-bytes must be positive")
+        if self.file_storage_max_bytes < 1:
+            raise ValueError("--file-storage-max-bytes must be positive")
+
+    @property
+    def file_storage_dir(self) -> str:
+        import os
+
+        if self.file_storage_path:
+            return self.file_storage_path
+        base = os.environ.get("RADIXLM_CACHE_DIR") or os.path.expanduser("~/.cache/radixlm")
+        return os.path.join(base, "files")
+
+    @property
+    def profile_output_dir(self) -> str:
+        import os
+        import tempfile
+
+        return self.profile_dir or os.path.join(tempfile.gettempdir(), "radixlm-profiles")
 
     @property
     def model_name(self) -> str:

@@ -30,10 +30,14 @@ import uvicorn
 from fastapi import FastAPI
 
 from radixlm import __version__
-from radixlm.entrypoints import native_api, playground
+from radixlm.entrypoints import control_api, native_api, playground
 from radixlm.entrypoints.middleware import install_middleware
 from radixlm.entrypoints.openai import api as openai_api
+from radixlm.entrypoints.openai import batch_api
+from radixlm.entrypoints.openai.batch_api import run_in_process
+from radixlm.entrypoints.openai.batch_manager import BatchManager
 from radixlm.entrypoints.openai.errors import install_error_handlers
+from radixlm.entrypoints.openai.file_store import FileStore
 from radixlm.entrypoints.security import install_cross_site_protection
 from radixlm.entrypoints.server_state import RuntimeStarter, ServerState
 from radixlm.server_args import ServerArgs
@@ -82,25 +86,36 @@ class ProcessRuntime:
 def create_app(args: ServerArgs, start_runtime: RuntimeStarter | None = None) -> FastAPI:
     """The app; `start_runtime` defaults to ProcessRuntime.start.
 
-    Raises ValueError for a bad --chat-template.
+    Raises ValueError for a bad --chat-template, OSError for a --file-storage-path
+    that cannot be created.
     """
     state = ServerState(args, start_runtime or ProcessRuntime.start)
+    files = FileStore(args.file_storage_dir, args.file_storage_max_bytes)  # OSError: bad path
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.start()
+        batches = BatchManager(args.file_storage_dir, files, run_in_process(app, state),
+                               concurrency=max(1, args.max_running_requests // 2),
+                               is_ready=state.wait_serving)
+        app.state.batches = batches
+        batches.start()
         try:
             yield
         finally:
+            await batches.stop()
             await state.stop()
 
     app = FastAPI(title="radixlm", version=__version__, lifespan=lifespan)
     app.state.server = state
+    app.state.files = files
     install_error_handlers(app)
     install_middleware(app, args.api_key, args.max_request_bytes)
     install_cross_site_protection(app, args)  # outermost: before the key and size checks
     app.include_router(native_api.router)
+    app.include_router(control_api.router)
     app.include_router(openai_api.router)
+    app.include_router(batch_api.router)
     app.include_router(playground.router)
     return app
 
@@ -136,7 +151,7 @@ def run_server(args: ServerArgs) -> int:
     prepare_environment()
     try:
         app = create_app(args)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         logger.error("%s", e)
         return 2
     state: ServerState = app.state.server

@@ -9,6 +9,7 @@
     POST /flush_cache       empty the prefix cache (400 while requests run)
     POST /abort_request     {"rid": ...} or {"abort_all": true}
     GET  /metrics           with --enable-metrics
+    POST /encode, /classify a pooling model's vectors / label logits (serving_embedding.py)
 
 /generate answers one output dict (`text`, `output_ids`, `meta_info`, `index`)
 for a single prompt with n == 1, else a list of them in prompt-major order;
@@ -109,6 +110,20 @@ async def generate(request: Request) -> Response:
     return await sse_stream(request, tm.generate(obj), on_output)
 
 
+@router.post("/encode")
+async def encode(request: Request) -> Response:
+    from radixlm.entrypoints.openai.serving_embedding import encode as encode_handler
+
+    return await encode_handler(request, state_of(request))
+
+
+@router.post("/classify")
+async def classify(request: Request) -> Response:
+    from radixlm.entrypoints.openai.serving_embedding import encode as encode_handler
+
+    return await encode_handler(request, state_of(request), "/classify")
+
+
 @router.api_route("/health", methods=["GET", "HEAD"])
 async def health(request: Request) -> Response:
     reason = state_of(request).unhealthy_reason()
@@ -157,7 +172,7 @@ async def get_model_info(request: Request) -> Response:
     tm = state.engine()
     args = state.args
     return JSONResponse({
-        "model_path": args.model_path or tm.model_dir,
+        "model_path": tm.model_path,
         "tokenizer_path": args.tokenizer_path or tm.model_dir,
         "served_model_name": state.model_name,
         "is_generation": True,

@@ -87,6 +87,14 @@ class ServerState:
                 return
             await asyncio.sleep(0.25)
 
+    async def wait_serving(self) -> bool:
+        """Wait until the engine serves; False if it never will (failed or stopping)."""
+        while not self.ready:
+            if self.fatal_reason or self.draining:
+                return False
+            await asyncio.sleep(0.1)
+        return not (self.fatal_reason or self.draining)
+
     def _fail(self, reason: str) -> None:
         if self.fatal_reason is None and not self.draining:
             logger.error("Server is unhealthy and will exit: %s", reason)
@@ -141,6 +149,11 @@ class ServerState:
         if reason is not None:
             raise APIError(reason, 503)
         return self.tm
+
+    @property
+    def is_generation(self) -> bool:
+        """False for a model served for embeddings or classification (known once loaded)."""
+        return bool(self.tm.model_info.get("is_generation", True)) if self.tm else True
 
     @property
     def context_length(self) -> int:

@@ -44,6 +44,8 @@ class ForwardBatch:
     # multimodal model writes the features of the items overlapping this step's
     # extend, rows prefix_lens[i] .. prefix_lens[i] + extend_lens[i] of request i.
     mm_inputs: list[MultimodalInputs | None] | None = None
+    # Per item, an encoder's segment ids for a sentence pair (None: all segment 0).
+    token_type_ids: list[list[int] | None] | None = None
 
     @property
     def batch_size(self) -> int:

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from radixlm.io_struct import LogprobEntry
+from radixlm.io_struct import LogprobEntry, PoolingParams
 from radixlm.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -84,6 +84,8 @@ class StepItem:
     prompt_logprobs: PromptLogprobSpec | None = None
     # The request's images / videos when this step's tokens cover one of them.
     mm_inputs: MultimodalInputs | None = None
+    # A pooling model's request: what its vector (or label logits) is made of.
+    pooling: PoolingParams | None = None
 
     @property
     def extend_len(self) -> int:
@@ -135,3 +137,6 @@ class StepResult(NamedTuple):
     token_logprobs: list[LogprobEntry | None]  # per sampled row; None unless asked
     top_logprobs: list[list[LogprobEntry] | None]  # per sampled row; None unless asked
     prompt_logprobs: list[PromptLogprobs | None]  # per item
+    # A pooling model's step, per item: the vector of an item that completed its
+    # prompt (its sampled row), else None; None for a generating model.
+    embeddings: list[list[float] | None] | None = None

@@ -34,7 +34,10 @@ from radixlm.model_executor.forward_step import (
     VocabMask,
 )
 from radixlm.model_executor.precision import resolve_precision
-from radixlm.model_loader.loader import load_model
+from radixlm.model_loader.loader import CheckpointShapes, load_model
+from radixlm.models.base import CausalLM, PoolingModel
+from radixlm.models.pooler import finish_vector
+from radixlm.models.registry import get_model_class
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampler import SamplingBatchInfo, compute_logprobs, sample_checked
 from radixlm.server_args import ServerArgs
@@ -71,11 +74,9 @@ class ModelRunner:
         self.precision = resolve_precision(args.dtype, args.quantization, args.device)
         self.dtype = self.precision.dtype
         logger.info("Precision: %s", self.precision.describe())
-        self.model, self.config = load_model(model_dir, self.dtype, self.device)
-        quantization = self.precision.quantization
-        if quantization != "none" or (self.device == "cpu" and not args.disable_cpu_prepack):
-            num_int8, num_packed = prepare_model(self.model, quantization)
-            logger.info("Weights: %d int8, %d oneDNN-packed", num_int8, num_packed)
+        self.model_path = model_dir
+        self.checkpoint_shapes = CheckpointShapes()
+        self.model, self.config = self._load(model_dir, self.checkpoint_shapes)
         text_config = getattr(self.config, "text_config", None) or self.config
         self.vocab_size = int(text_config.vocab_size)
         self.context_len = int(args.context_length or text_config.max_position_embeddings)
@@ -93,13 +94,37 @@ class ModelRunner:
         logger.info("Attention backend: %s", name)
         return create_attention_backend(name, self.model)
 
+    def _load(self, model_dir: str, shapes: CheckpointShapes) -> tuple[CausalLM, Any]:
+        """The model as served (loaded, then quantized or packed for the CPU), and its
+        config: the same at start-up and for a weight update."""
+        model, config = load_model(model_dir, self.dtype, self.device,
+                                   is_embedding=self.args.is_embedding, shapes=shapes)
+        quantization = self.precision.quantization
+        if quantization != "none" or (self.device == "cpu" and not self.args.disable_cpu_prepack):
+            num_int8, num_packed = prepare_model(model, quantization)
+            logger.info("Weights: %d int8, %d oneDNN-packed", num_int8, num_packed)
+        return model, config
+
+    @property
+    def is_generation(self) -> bool:
+        return self.model.is_generation
+
+    @property
+    def needs_whole_prompt(self) -> bool:
+        """Prompts are computed in one step from position 0 (see PoolingModel)."""
+        return isinstance(self.model, PoolingModel) and self.model.needs_whole_prompt
+
     def _init_memory(self, cfg: Any) -> None:
-        num_layers = int(cfg.num_hidden_layers)
+        # NOTE: an encoder writes no KV (transformers' attention runs on its own), so its
+        # pool holds slots for the scheduler's accounting and no layers.
+        uses_kv = not isinstance(self.model, PoolingModel) or self.model.is_causal
+        num_layers = int(cfg.num_hidden_layers) if uses_kv else 0
         num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         num_tokens = self.args.max_total_tokens
         if num_tokens is None:
-            per_token = TokenToKVPool.bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
+            per_token = max(TokenToKVPool.bytes_per_token(num_layers, num_kv_heads, head_dim,
+                                                          self.dtype), 1)
             budget = int(_available_memory_bytes(self.device) * self.args.mem_fraction)
             num_tokens = min(budget // per_token, self.args.max_running_requests * self.context_len)
         num_tokens = max(int(num_tokens), 2)
@@ -111,7 +136,7 @@ class ModelRunner:
             self.args.max_running_requests + 1, self.context_len + 8, self.device
         )
         self.prefix_cache: BasePrefixCache = create_prefix_cache(
-            self.token_to_kv_pool, self.args.disable_radix_cache
+            self.token_to_kv_pool, self.args.disable_radix_cache or not uses_kv
         )
         logger.info("KV pool: %d tokens (%d layers, %d kv heads, head dim %d)",
                     num_tokens, num_layers, num_kv_heads, head_dim)
@@ -125,6 +150,8 @@ class ModelRunner:
             self._generators.pop(rid, None)
         batch, layout = self._build_batch(step)
         self.attn_backend.init_forward_metadata(batch)
+        if isinstance(self.model, PoolingModel):
+            return self._pool(step, batch)
         hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, hidden]
         assert batch.logits_indices is not None
         logits = self.model.compute_logits(hidden[batch.logits_indices])  # [M, V]
@@ -172,6 +199,58 @@ class ModelRunner:
             mm_inputs=_mm_inputs(mm),
         )
         return batch, layout
+
+    def _pool(self, step: ForwardStep, batch: ForwardBatch) -> StepResult:
+        """A pooling model's step: each item that completes its prompt gets its vector."""
+        model = self.model
+        assert isinstance(model, PoolingModel)
+        batch.token_type_ids = [
+            it.pooling.token_type_ids if it.pooling is not None else None for it in step.items]
+        vectors = model.pool_forward(batch.input_ids, batch.positions, batch)  # [B, D]
+        normalize = model.num_labels == 0 and model.pooling.normalize
+        embeddings: list[list[float] | None] = [None] * len(step.items)
+        for i, item in enumerate(step.items):
+            if item.num_sample_rows:
+                dims = item.pooling.dimensions if item.pooling is not None else None
+                embeddings[i] = finish_vector(vectors[i], dims, normalize)
+        num_rows = step.num_sample_rows
+        return StepResult([None] * num_rows, [None] * num_rows, [None] * num_rows,
+                          [None] * len(step.items), embeddings)
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights_from_disk(self, model_path: str, load_format: str | None
+                                 ) -> tuple[bool, str]:
+        """Swap in another checkpoint of the same architecture and shapes; on any
+        problem keep the served weights and say why. The caller flushes the prefix
+        cache (its KV came from the old weights)."""
+        from transformers import AutoConfig
+
+        from radixlm.model_executor.weight_update import check_replacement, read_shapes
+        from radixlm.model_loader.default_model import resolve_model_dir
+
+        try:
+            model_dir = resolve_model_dir(model_path)
+            config = AutoConfig.from_pretrained(model_dir)
+            new_cls = get_model_class(config, self.args.is_embedding)
+            shapes = read_shapes(model_dir, load_format)
+        except (OSError, ValueError) as e:
+            return False, f"Cannot use the checkpoint at {model_path!r}: {e}"
+        problem = check_replacement(type(self.model), self.checkpoint_shapes, new_cls, shapes)
+        if problem is not None:
+            return False, problem
+        start = time.perf_counter()
+        try:
+            model, config = self._load(model_dir, CheckpointShapes())
+        except (OSError, ValueError) as e:
+            return False, f"Loading {model_path!r} failed, the served weights are kept: {e}"
+        self.model, self.config = model, config
+        self.attn_backend = self._create_attention_backend(self.args.attention_backend)
+        self.checkpoint_shapes = shapes
+        self.model_path = model_dir
+        logger.info("Loaded new weights from %s in %.2f s", model_dir,
+                    time.perf_counter() - start)
+        return True, "Succeeded to update model weights."
 
     def _sample(
         self, step: ForwardStep, logits: torch.Tensor, sample_rows: list[int]

@@ -13,7 +13,7 @@ returns one row per prompt:
   cross-encoder reranker): transformers' classifier logits.
 
 Segment ids (`token_type_ids`, for a query/document pair) come per request in
-`forward_batch.extra["token_type_ids"]`; without them every token is segment 0.
+`forward_batch.token_type_ids`; without them every token is segment 0.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class _HFEncoder(PoolingModel):
         ids = torch.full((len(lens), max(lens)), pad, dtype=torch.int64, device=input_ids.device)
         mask = torch.zeros_like(ids)
         types = torch.zeros_like(ids)
-        segments = forward_batch.extra.get("token_type_ids") or [None] * len(lens)
+        segments = forward_batch.token_type_ids or [None] * len(lens)
         for i, seq in enumerate(input_ids.split(lens)):
             ids[i, : lens[i]] = seq
             mask[i, : lens[i]] = 1

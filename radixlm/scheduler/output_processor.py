@@ -4,6 +4,7 @@ A request finishes with "stop" (a stop token id, EOS unless ignore_eos, or a
 stop string found in its decoded tail), "length" (max_new_tokens or the
 context length), or "abort". Outputs go to the detokenizer as deltas: every
 `stream_interval` steps for streaming requests, and always once at the end.
+A pooling request's answer (its vector) is kept in `embedding_outs` instead.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from radixlm.detokenizer.stop_strings import find_stop_string
-from radixlm.io_struct import FinishReason, TokenOut
+from radixlm.io_struct import EmbeddingOut, FinishReason, TokenOut
+from radixlm.scheduler.pooling import embedding_out
 from radixlm.scheduler.request import Req
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer_utils import TokenDecoder
@@ -28,6 +30,7 @@ class OutputProcessor:
         self.eos_token_ids = eos_token_ids
         self.context_len = context_len
         self.pending_finished: list[Req] = []  # finished since the last collect()
+        self.embedding_outs: list[EmbeddingOut] = []  # pooling answers, for the TokenizerManager
         self.num_prompt_tokens_total = 0
         self.num_cached_tokens_total = 0
         self.num_generation_tokens_total = 0
@@ -71,7 +74,10 @@ class OutputProcessor:
         """Outputs due now: every finished request, and streams at their interval."""
         outs = []
         for req in self.pending_finished:
-            outs.append(self._token_out(req))
+            if req.pooling is not None:
+                self.embedding_outs.append(embedding_out(req))
+            else:
+                outs.append(self._token_out(req))
             self.num_finished_total += 1
             self.num_prompt_tokens_total += req.num_prompt_tokens
             self.num_cached_tokens_total += req.num_cached_tokens or 0

@@ -2,7 +2,9 @@
 
 `fcfs` admits in arrival order (retracted requests keep their original place,
 so they resume first). `lpm` admits the longest cached prefix first, which
-keeps shared prefixes hot in the cache.
+keeps shared prefixes hot in the cache. Under either policy, Batch API
+requests (background traffic) come after every online request; a simple
+two-level priority (SGLang's per-request `priority` is another matter).
 
 Admission reserves KV for the tokens running requests will still decode,
 scaled by `new_token_ratio`: most requests stop well before max_new_tokens,
@@ -21,12 +23,13 @@ POLICIES = ("fcfs", "lpm")
 
 
 def order_waiting(waiting: list[Req], policy: str, prefix_hit_len: Callable[[Req], int]) -> None:
-    """Sort `waiting` in place into admission order."""
+    """Sort `waiting` in place into admission order: online requests before Batch API
+    traffic (`Req.background`), each in policy order."""
     if policy == "lpm" and len(waiting) > 1:
         hits = {id(r): prefix_hit_len(r) for r in waiting}
-        waiting.sort(key=lambda r: (-hits[id(r)], r.arrival_seq))
+        waiting.sort(key=lambda r: (r.background, -hits[id(r)], r.arrival_seq))
     else:
-        waiting.sort(key=lambda r: r.arrival_seq)
+        waiting.sort(key=lambda r: (r.background, r.arrival_seq))
 
 
 class NewTokenRatio:

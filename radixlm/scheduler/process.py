@@ -22,14 +22,18 @@ import zmq
 
 from radixlm.io_struct import (
     AbortReq,
+    BatchEmbeddingOut,
     BatchTokenIDOut,
+    EmbeddingOut,
     FinishReason,
     FlushCacheReq,
     GetServerInfoReq,
     ProcessError,
+    ProfileReq,
     SchedulerReady,
     TokenizedGenerateReq,
     TokenOut,
+    UpdateWeightsFromDiskReq,
 )
 from radixlm.server_args import ServerArgs
 from radixlm.utils import PortArgs, configure_logging, parent_alive
@@ -104,6 +108,9 @@ def _loop(scheduler: Scheduler, recv: zmq.Socket[bytes], to_detok: zmq.Socket[by
             outs = scheduler.step()
             if outs:
                 to_detok.send_pyobj(BatchTokenIDOut(outs))
+            if scheduler.output.embedding_outs:
+                to_tokenizer.send_pyobj(BatchEmbeddingOut(scheduler.output.embedding_outs))
+                scheduler.output.embedding_outs = []
             if check_every and (scheduler.num_steps % check_every == 0
                                 or not scheduler.has_work):
                 scheduler.check_integrity()
@@ -112,11 +119,15 @@ def _loop(scheduler: Scheduler, recv: zmq.Socket[bytes], to_detok: zmq.Socket[by
 def _handle(scheduler: Scheduler, msg: Any, to_tokenizer: zmq.Socket[bytes],
             to_detok: zmq.Socket[bytes]) -> None:
     if isinstance(msg, TokenizedGenerateReq):
-        _add_request(scheduler, msg, to_detok)
+        _add_request(scheduler, msg, to_tokenizer, to_detok)
     elif isinstance(msg, AbortReq):
         scheduler.abort(msg)
     elif isinstance(msg, FlushCacheReq):
         to_tokenizer.send_pyobj(scheduler.flush_cache())
+    elif isinstance(msg, UpdateWeightsFromDiskReq):
+        to_tokenizer.send_pyobj(scheduler.update_weights_from_disk(msg))
+    elif isinstance(msg, ProfileReq):
+        to_tokenizer.send_pyobj(scheduler.profiler.handle(msg))
     elif isinstance(msg, GetServerInfoReq):
         info = scheduler.server_info()
         try:
@@ -131,7 +142,7 @@ def _handle(scheduler: Scheduler, msg: Any, to_tokenizer: zmq.Socket[bytes],
 
 
 def _add_request(scheduler: Scheduler, msg: TokenizedGenerateReq,
-                 to_detok: zmq.Socket[bytes]) -> None:
+                 to_tokenizer: zmq.Socket[bytes], to_detok: zmq.Socket[bytes]) -> None:
     """Add a request; one the scheduler cannot take (a bug in validation) fails alone.
 
     NOTE: add_request changes no scheduler state before it has built the Req, so a
@@ -143,6 +154,11 @@ def _add_request(scheduler: Scheduler, msg: TokenizedGenerateReq,
         logger.exception("Could not add request %s; it fails", msg.rid)
         reason = FinishReason("abort", message="The server could not start this request",
                               status_code=500)
+        if msg.pooling is not None:  # a pooling answer goes straight to the TokenizerManager
+            to_tokenizer.send_pyobj(BatchEmbeddingOut([EmbeddingOut(
+                rid=msg.rid, embedding=None, finished_reason=reason,
+                prompt_tokens=len(msg.input_ids), cached_tokens=0)]))
+            return
         to_detok.send_pyobj(BatchTokenIDOut([TokenOut(
             rid=msg.rid, new_token_ids=[], finished_reason=reason,
             prompt_tokens=len(msg.input_ids), completion_tokens=0, cached_tokens=0)]))

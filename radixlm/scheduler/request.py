@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from radixlm.io_struct import FinishReason, LogprobEntry, TokenizedGenerateReq
+from radixlm.io_struct import FinishReason, LogprobEntry, PoolingParams, TokenizedGenerateReq
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampling_params import SamplingParams
 
@@ -40,6 +40,12 @@ class Req:
         self.group_id = tokenized.group_id
         self.mm_inputs: MultimodalInputs | None = tokenized.mm_inputs
         self.seed = tokenized.seed  # the runner keeps the RNG it seeds, under rid
+        self.pooling: PoolingParams | None = tokenized.pooling
+        self.background = tokenized.background  # Batch API traffic: admitted last
+        # Computed in one step from position 0, never from the prefix cache (set by the
+        # scheduler for encoders and mean / CLS pooling).
+        self.whole_prompt = False
+        self.embedding: list[float] | None = None  # a pooling request's answer
         self.arrival_seq = arrival_seq
 
         # Constrained decoding: the grammar object exists once compiled (GrammarManager).
@@ -130,6 +136,8 @@ class Req:
         output); with prompt logprobs, the logits from `logprob_start_len - 1`
         on are needed, so the hit stops there.
         """
+        if self.whole_prompt:
+            return 0
         limit = len(self.token_ids) - 1
         if self.wants_input_logprobs:
             assert self.logprob_start_len is not None

@@ -21,6 +21,8 @@ from radixlm.io_struct import (
     ServerInfoOut,
     TokenizedGenerateReq,
     TokenOut,
+    UpdateWeightsFromDiskOut,
+    UpdateWeightsFromDiskReq,
     is_sample_of,
 )
 from radixlm.model_executor.forward_step import StepResult
@@ -31,6 +33,8 @@ from radixlm.scheduler.jump_forward import JumpForward, JumpPlan, swap_tokens
 from radixlm.scheduler.kv_manager import KVManager
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.policy import NewTokenRatio, order_waiting
+from radixlm.scheduler.pooling import pooling_info
+from radixlm.scheduler.profiler import Profiler
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.step_plan import ScheduledReq, StepPlan
 from radixlm.server_args import ServerArgs
@@ -76,11 +80,13 @@ class Scheduler:
         self.num_retractions = 0
         self.num_steps = 0
         self.grammar_fill_seconds = 0.0  # filling grammar masks (the runner applies them)
+        self.profiler = Profiler(server_args.profile_output_dir, server_args.device)
 
     # ------------------------------------------------------------------ input
 
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         req = Req(msg, self.num_arrivals)
+        req.whole_prompt = self.runner.needs_whole_prompt
         self.num_arrivals += 1
         self.groups.add(req)
         if req.num_tokens + req.sampling_params.max_new_tokens > self.kv.kv_pool.size:
@@ -126,6 +132,19 @@ class Scheduler:
                 req.finished_reason = FinishReason("abort", message=msg.message)
         self._release_finished()
 
+    def update_weights_from_disk(self, msg: UpdateWeightsFromDiskReq) -> UpdateWeightsFromDiskOut:
+        """Swap the model's weights between steps; the prefix cache is flushed after.
+
+        The TokenizerManager sends this only once no request is in flight (new ones
+        wait), as SGLang does, so no request mixes two sets of weights.
+        """
+        if self.has_work:
+            return UpdateWeightsFromDiskOut(False, "Cannot update weights while requests run")
+        ok, message = self.runner.update_weights_from_disk(msg.model_path, msg.load_format)
+        if ok:
+            self.kv.cache.reset()
+        return UpdateWeightsFromDiskOut(ok, message)
+
     def flush_cache(self) -> FlushCacheOut:
         if self.waiting or self.running or self.num_compiling:
             return FlushCacheOut(False, "Cannot flush the cache while requests are running")
@@ -157,7 +176,8 @@ class Scheduler:
             "vocab_size": runner.vocab_size,
             "max_total_num_tokens": self.kv.kv_pool.size,
             "eos_token_ids": sorted(runner.eos_token_ids),
-            "is_generation": True,
+            "is_generation": runner.is_generation,
+            **pooling_info(runner.model),
         }
 
     @property
@@ -185,6 +205,7 @@ class Scheduler:
         if plan is not None:
             result = self._run(plan)
             self._process(plan, result)
+            self.profiler.on_step()
         for req in self.output.pending_finished:
             self.groups.on_finished(req)
         return self.output.collect(self.running)
@@ -222,7 +243,7 @@ class Scheduler:
         if not items:
             if self.running:
                 # Every running request is mid-prefill and none fits: free memory.
-                self._retract(self._newest_running())
+                self._retract(self._retraction_victim())
             return None
         allocated = self.kv.alloc_slots(sum(it.extend_len for it in items))
         assert allocated is not None, "step planned beyond available KV"
@@ -244,9 +265,13 @@ class Scheduler:
             if not self.groups.allows(req):
                 continue
             match = self.kv.match(req)
-            n = budget.chunk_len(req.num_tokens - len(match.kv_indices))
+            pending = req.num_tokens - len(match.kv_indices)
+            if req.whole_prompt:  # all of it in one step (alone if it exceeds the budget)
+                n = pending if pending <= budget.num_tokens_left or not items else 0
+            else:
+                n = budget.chunk_len(pending)
             reserve = self.new_token_ratio.reserve(self.running + [req]) if self.running else None
-            if not budget.can_admit(n, match.lock_cost, reserve):
+            if n == 0 or not budget.can_admit(n, match.lock_cost, reserve):
                 break
             budget.admit(n, match.lock_cost)
             self.kv.admit(req, match)
@@ -288,6 +313,8 @@ class Scheduler:
             prompt_lps = result.prompt_logprobs[i]
             if prompt_lps is not None:
                 req.add_input_logprobs(prompt_lps.token_logprobs, prompt_lps.top_logprobs)
+            if result.embeddings is not None and item.num_sample_rows:
+                req.embedding = result.embeddings[i]
             if item.num_sample_rows and not req.finished:
                 self._accept(req, result, row)
             row += item.num_sample_rows
@@ -351,8 +378,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ memory pressure
 
-    def _newest_running(self) -> Req:
-        return max(self.running, key=_admission_order)
+    def _retraction_victim(self) -> Req:
+        """Batch traffic first, then the newest admission."""
+        return max(self.running, key=lambda r: (r.background, _admission_order(r)))
 
     def _retract_until_decodes_fit(self) -> None:
         """Retract the newest requests until every decode's next token has a slot."""
@@ -366,7 +394,7 @@ class Scheduler:
                     "abort", message="Out of KV cache memory for this request")
                 self._release_finished()
                 return
-            self._retract(self._newest_running())
+            self._retract(self._retraction_victim())
 
     def _retract(self, victim: Req) -> None:
         self.running.remove(victim)

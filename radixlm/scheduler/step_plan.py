@@ -71,6 +71,7 @@ class ScheduledReq:
             sampling=_sampling_spec(req) if self.num_sample_rows else None,
             prompt_logprobs=prompt_lps,
             mm_inputs=mm,
+            pooling=req.pooling,
         )
 
 

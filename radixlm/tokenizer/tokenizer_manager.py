@@ -10,15 +10,25 @@ sent, and whatever it registered is released however it ends. A caller that
 stops listening (a client that disconnects, a cancelled task) aborts its
 request, which frees its KV. If a child process dies, every pending and
 future request fails with `EngineDeadError` instead of hanging.
+
+Pooling models (embeddings, classifiers) answer `encode()` instead of
+`generate()`: each input is a prefill-only request whose vector comes back
+from the scheduler as an `EmbeddingOut`.
+
+A weight update waits until no generate or encode call is in flight, and new
+calls wait until it is done (SGLang's reader/writer discipline), so every
+request runs on one set of weights.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -27,17 +37,24 @@ import zmq.asyncio
 
 from radixlm.io_struct import (
     AbortReq,
+    BatchEmbeddingOut,
     BatchStrOut,
+    EmbeddingOut,
     FlushCacheOut,
     FlushCacheReq,
     GetServerInfoReq,
     LogprobEntry,
+    PoolingParams,
     ProcessError,
+    ProfileOut,
+    ProfileReq,
     SchedulerReady,
     ServerInfoOut,
     StrOut,
     TokenizedGenerateReq,
     TokenOut,
+    UpdateWeightsFromDiskOut,
+    UpdateWeightsFromDiskReq,
     sample_rid,
 )
 from radixlm.multimodal.mm_inputs import MultimodalInputs
@@ -46,6 +63,7 @@ from radixlm.sampling.sampling_params import SamplingParams, sample_seed
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
 from radixlm.tokenizer.generate_output import GenerateOutput, LogprobItem
+from radixlm.tokenizer.pooling_input import EmbeddingReqInput, check_dimensions, tokenize_pooling
 from radixlm.tokenizer.request_input import GenerateReqInput, SingleReq
 from radixlm.tokenizer.validation import validate_request
 from radixlm.utils import PortArgs
@@ -59,6 +77,41 @@ class EngineDeadError(RuntimeError):
     """A child process of the engine died; no request can be served."""
 
 
+class RequestAborted(RuntimeError):
+    """A pooling request ended without its vector (aborted, or the server is stopping)."""
+
+
+_BACKGROUND: ContextVar[bool] = ContextVar("radixlm_background_traffic", default=False)
+
+
+@contextlib.contextmanager
+def background_traffic() -> Iterator[None]:
+    """Requests sent inside this block run as Batch API traffic: the scheduler admits
+    them after online requests and retracts them first."""
+    token = _BACKGROUND.set(True)
+    try:
+        yield
+    finally:
+        _BACKGROUND.reset(token)
+
+
+@dataclass
+class EmbeddingResult:
+    """One input's answer from a pooling model."""
+
+    index: int
+    embedding: list[float]  # the vector, or a classifier's label logits
+    prompt_tokens: int
+    cached_tokens: int
+
+
+async def _next_output(state: _SampleState) -> GenerateOutput | Exception:
+    """The next output of a generate call's sample (never an EmbeddingOut)."""
+    out = await state.queue.get()
+    assert not isinstance(out, EmbeddingOut), "an encode call's output reached generate"
+    return out
+
+
 @dataclass
 class _SampleState:
     index: int  # position in the flattened (prompt, sample) output list
@@ -67,7 +120,9 @@ class _SampleState:
     return_logprob: bool
     return_text_in_logprobs: bool
     created: float = field(default_factory=time.monotonic)
-    queue: asyncio.Queue[GenerateOutput | Exception] = field(default_factory=asyncio.Queue)
+    # GenerateOutputs of a generate call; the one EmbeddingOut of an encode call.
+    queue: asyncio.Queue[GenerateOutput | EmbeddingOut | Exception] = field(
+        default_factory=asyncio.Queue)
     finished: bool = False
     first_token_time: float | None = None
     # A non-streaming sample's output so far, joined into its one output at the end.
@@ -105,6 +160,14 @@ class TokenizerManager:
         self.last_receive_time = time.monotonic()
         self.on_sample_finished: Callable[[GenerateOutput], None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.model_path: str = server_args.model_path or model_dir  # changes with weights
+        # Weight updates: calls in flight hold the weights; an update waits for none.
+        self._num_holding_weights = 0
+        self._weights_free = asyncio.Event()
+        self._weights_free.set()
+        self._no_update = asyncio.Event()
+        self._no_update.set()
+        self._update_lock = asyncio.Lock()
 
     def start(self, is_alive: Callable[[], str | None]) -> None:
         """Start the receive loop and the child watchdog (`is_alive` returns a death reason)."""
@@ -129,22 +192,90 @@ class TokenizerManager:
         samples.
         """
         self._check_alive()
+        if not self.model_info.get("is_generation", True):
+            raise ValueError("This model is served for embeddings or classification; it does "
+                             "not generate text (use /v1/embeddings, /encode or /classify)")
         # NOTE: normalizing and validating walk every token id in Python: in a worker, so
         # a request of millions of ids leaves the event loop free (the GIL switches).
         singles = await self.tokenizer_workers.run(obj.normalize)
         prepared = [await self._prepare(s) for s in singles]  # validate all before sending
         self._check_rids(singles, [params.n for _, params, _ in prepared])
         states: list[_SampleState] = []
+        async with self._holding_weights():
+            try:
+                for single, (input_ids, params, mm_inputs) in zip(singles, prepared):
+                    self._send(single, input_ids, params, mm_inputs, states)
+                async for out in self._merge(states, obj.stream):
+                    yield out
+            finally:
+                self._forget(states)
+
+    def _forget(self, states: list[_SampleState]) -> None:
+        """Abort what is unfinished and drop every state (however the call ended)."""
+        for s in states:
+            if not s.finished:
+                self.abort_request(s.rid)
+        for s in states:
+            self.states.pop(s.rid, None)
+
+    @contextlib.asynccontextmanager
+    async def _holding_weights(self) -> AsyncIterator[None]:
+        await self._no_update.wait()
+        self._num_holding_weights += 1
+        self._weights_free.clear()
         try:
-            for single, (input_ids, params, mm_inputs) in zip(singles, prepared):
-                self._send(single, input_ids, params, mm_inputs, states)
-            async for out in self._merge(states, obj.stream):
-                yield out
+            yield
         finally:
-            for s in states:
-                if not s.finished:
-                    self.abort_request(s.rid)
-                self.states.pop(s.rid, None)
+            self._num_holding_weights -= 1
+            if self._num_holding_weights == 0:
+                self._weights_free.set()
+
+    # ------------------------------------------------------------------ encode
+
+    async def encode(self, obj: EmbeddingReqInput) -> list[EmbeddingResult]:
+        """One result per input, in order. Raises ValueError for a bad request (or a
+        generation model), RequestAborted when a request is aborted."""
+        self._check_alive()
+        if self.model_info.get("is_generation", True):
+            raise ValueError("This model generates text; embeddings and scores need a pooling "
+                             "model (serve it with --is-embedding, or an embedding or "
+                             "*ForSequenceClassification checkpoint)")
+        singles = obj.normalize()
+        check_dimensions(obj.dimensions, self.model_info)
+        # NOTE: tokenizing runs in the tokenizer workers: a long input leaves the loop free.
+        prepared = [await self.tokenizer_workers.run(tokenize_pooling, self.tokenizer,
+                                                     self.model_info, s, i)
+                    for i, s in enumerate(singles)]
+        params = SamplingParams.from_dict({"max_new_tokens": 0})
+        background = _BACKGROUND.get()
+        states: list[_SampleState] = []
+        async with self._holding_weights():
+            try:
+                for i, (single, (ids, types)) in enumerate(zip(singles, prepared)):
+                    if single.rid in self.states:
+                        raise ValueError(f"Duplicate request id {single.rid!r}")
+                    state = _SampleState(i, single.rid, False, False, False)
+                    self.states[single.rid] = state
+                    states.append(state)
+                    self.to_scheduler.send_pyobj(TokenizedGenerateReq(
+                        rid=single.rid, input_ids=ids, sampling_params=params,
+                        pooling=PoolingParams(obj.dimensions, types), background=background))
+                return [await self._embedding_result(s) for s in states]
+            finally:
+                self._forget(states)
+
+    async def _embedding_result(self, state: _SampleState) -> EmbeddingResult:
+        out = await state.queue.get()
+        if isinstance(out, Exception):
+            raise out
+        assert isinstance(out, EmbeddingOut)
+        reason = out.finished_reason
+        if out.embedding is None:
+            message = reason.message or "The request was aborted"
+            if reason.status_code == 400:
+                raise ValueError(message)
+            raise RequestAborted(message)
+        return EmbeddingResult(state.index, out.embedding, out.prompt_tokens, out.cached_tokens)
 
     def _check_rids(self, singles: list[SingleReq], ns: list[int]) -> None:
         """Refuse a request id already in flight or used twice by one request."""
@@ -193,7 +324,7 @@ class TokenizerManager:
                 rid=rid, input_ids=input_ids, sampling_params=params,
                 return_logprob=single.return_logprob, logprob_start_len=logprob_start_len,
                 top_logprobs_num=single.top_logprobs_num, stream=single.stream,
-                group_id=group, seed=seed, mm_inputs=mm_inputs,
+                group_id=group, seed=seed, mm_inputs=mm_inputs, background=_BACKGROUND.get(),
             ))
 
     async def _merge(self, states: list[_SampleState], stream: bool
@@ -201,7 +332,7 @@ class TokenizerManager:
         if len(states) == 1:
             state = states[0]
             while True:
-                out = await state.queue.get()
+                out = await _next_output(state)
                 if isinstance(out, Exception):
                     raise out
                 yield out
@@ -211,7 +342,7 @@ class TokenizerManager:
 
         async def pump(state: _SampleState) -> None:
             while True:
-                out = await state.queue.get()
+                out = await _next_output(state)
                 await merged.put(out)
                 if isinstance(out, Exception) or out.finished:
                     return
@@ -243,6 +374,30 @@ class TokenizerManager:
     async def flush_cache(self) -> FlushCacheOut:
         return await self._control(FlushCacheReq(), FlushCacheOut)
 
+    async def update_weights_from_disk(self, model_path: str, load_format: str | None = None,
+                                       abort_all_requests: bool = False
+                                       ) -> UpdateWeightsFromDiskOut:
+        """Swap weights once no call is in flight (new ones wait meanwhile); with
+        `abort_all_requests`, the running requests are aborted instead of awaited."""
+        async with self._update_lock:
+            self._no_update.clear()
+            try:
+                if abort_all_requests:
+                    self.abort_request(abort_all=True)
+                await self._weights_free.wait()
+                reply: UpdateWeightsFromDiskOut = await self._control(
+                    UpdateWeightsFromDiskReq(model_path, load_format), UpdateWeightsFromDiskOut,
+                    timeout=3600.0)
+                if reply.success:
+                    self.model_path = model_path
+                return reply
+            finally:
+                self._no_update.set()
+
+    async def profile(self, req: ProfileReq) -> ProfileOut:
+        reply: ProfileOut = await self._control(req, ProfileOut)
+        return reply
+
     async def _control(self, msg: object, reply_type: type[ReplyT],
                        timeout: float = 60.0) -> ReplyT:
         """Send a control message and wait for the scheduler's reply of `reply_type`."""
@@ -263,6 +418,12 @@ class TokenizerManager:
             if isinstance(msg, BatchStrOut):
                 for out in msg.outs:
                     self._on_str_out(out)
+            elif isinstance(msg, BatchEmbeddingOut):
+                for emb in msg.outs:
+                    state = self.states.get(emb.rid)
+                    if state is not None and not state.finished:
+                        state.finished = True
+                        state.queue.put_nowait(emb)
             elif isinstance(msg, SchedulerReady):
                 self.model_info = msg.model_info
                 self.ready.set()

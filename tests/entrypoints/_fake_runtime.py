@@ -81,6 +81,7 @@ class FakeTokenizerManager:
         self.grammar_backend = grammar_backend
         self.received: list[GenerateReqInput] = []
         self.model_dir = "/fake/model"
+        self.model_path = self.model_dir
         self.model_info = {"context_length": context_length, "vocab_size": len(tokenizer),
                            "max_total_num_tokens": 4096, "eos_token_ids": [258],
                            "architectures": ["FakeForCausalLM"]}

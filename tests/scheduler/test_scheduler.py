@@ -40,6 +40,10 @@ class FakeRunner:
     there, so the sequence it sees is read back through the request's req_to_token row
     (a wrong slot gives a wrong next token)."""
 
+    is_generation = True
+    needs_whole_prompt = False
+    model = None
+
     def __init__(self, num_tokens: int, disable_radix: bool, context_len: int = 4096) -> None:
         self.token_to_kv_pool = TokenToKVPool(num_tokens, 1, 1, 1, __import__("torch").float32)
         self.req_to_token_pool = ReqToTokenPool(64, context_len + 8)

@@ -5,6 +5,8 @@
     POST /v1/chat/completions          see serving_chat.py
     POST /v1/tokenize                  {"prompt": str | [str]} → {"tokens", "count", ...}
     POST /v1/detokenize                {"tokens": [int] | [[int]]} → {"text"}
+    POST /v1/embeddings, /v1/classify, /v1/rerank   pooling models: see serving_embedding.py
+    /v1/files, /v1/batches             the Batch API: see batch_api.py
 
 The `model` field of a request is accepted whatever it names (as in SGLang):
 this server serves one model.
@@ -26,6 +28,7 @@ from radixlm.entrypoints.openai.protocol import (
 )
 from radixlm.entrypoints.openai.serving_chat import create_chat_completion
 from radixlm.entrypoints.openai.serving_completions import create_completion
+from radixlm.entrypoints.openai.serving_embedding import classify, create_embedding, rerank
 
 router = APIRouter(prefix="/v1")
 
@@ -59,6 +62,21 @@ async def completions(request: Request) -> Response:
 @router.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
     return await create_chat_completion(request, state_of(request))
+
+
+@router.post("/embeddings")
+async def embeddings(request: Request) -> Response:
+    return await create_embedding(request, state_of(request))
+
+
+@router.post("/classify")
+async def classify_v1(request: Request) -> Response:
+    return await classify(request, state_of(request))
+
+
+@router.post("/rerank")
+async def rerank_v1(request: Request) -> Response:
+    return await rerank(request, state_of(request))
 
 
 @router.post("/tokenize")
