@@ -75,13 +75,20 @@ def error_response(message: str, status_code: int = 400, param: str | None = Non
                           status_code=status_code)
 
 
-def describe_validation_errors(errors: list[Any]) -> tuple[str, str | None]:
+def describe_validation_errors(errors: list[Any], located: bool = True
+                               ) -> tuple[str, str | None]:
     """(message, param) for pydantic / FastAPI validation errors, e.g.
-    ("messages: List should have at least 1 item after validation, not 0", "messages")."""
+    ("messages: List should have at least 1 item after validation, not 0", "messages").
+
+    `located`: FastAPI's errors start with where the value was ("body", "query",
+    "path"), which is dropped; a model's own errors do not (a field may be named
+    "query")."""
     parts = []
     first_param = None
     for err in errors[:5]:
-        loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path")]
+        loc = [str(x) for x in err.get("loc", ())]
+        if located and loc and loc[0] in ("body", "query", "path"):
+            loc = loc[1:]
         # Unions report one error per member; their tags ("str", "list[int]") say little.
         loc = [x for x in loc if not _is_union_tag(x)]
         param = ".".join(loc) or None
@@ -103,7 +110,7 @@ def _is_union_tag(x: str) -> bool:
 
 
 def validation_error(e: ValidationError) -> APIError:
-    message, param = describe_validation_errors(e.errors())
+    message, param = describe_validation_errors(e.errors(), located=False)
     return APIError(message, 400, param)
 
 
