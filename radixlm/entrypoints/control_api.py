@@ -32,7 +32,7 @@ router = APIRouter()
 class UpdateWeightsRequest(BaseModel):
     # NOTE: SGLang's other fields (weight_version, is_async, flush_cache, ...) are
     # accepted and ignored: the cache is always flushed, the update always synchronous.
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model_path: str = Field(min_length=1)
     load_format: str | None = None
@@ -40,7 +40,7 @@ class UpdateWeightsRequest(BaseModel):
 
 
 class ProfileRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     output_dir: str | None = None
     num_steps: int | None = Field(None, ge=1, le=MAX_PROFILE_STEPS)

@@ -128,7 +128,7 @@ async def delete_file(file_id: str, request: Request) -> Response:
 
 
 class BatchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     input_file_id: str
     endpoint: str

@@ -41,7 +41,7 @@ PoolingInput = str | list[str] | list[int] | list[list[int]]
 
 
 class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     input: PoolingInput
     model: str | None = None
@@ -52,7 +52,7 @@ class EmbeddingRequest(BaseModel):
 
 
 class NativeEncodeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
@@ -61,7 +61,7 @@ class NativeEncodeRequest(BaseModel):
 
 
 class ClassifyRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     input: PoolingInput
     model: str | None = None
@@ -70,7 +70,7 @@ class ClassifyRequest(BaseModel):
 
 
 class RerankRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     query: str = Field(min_length=1)
     documents: list[str] = Field(min_length=1)
