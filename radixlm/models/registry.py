@@ -41,11 +41,14 @@ _MODELS: dict[str, str | type[CausalLM]] = {
     ),
 }
 
-# --is-embedding serves a causal LM's hidden states, pooled, instead of generating.
+# --is-embedding serves a language model's hidden states, pooled, instead of its head.
 _AS_EMBEDDING = {
     "LlamaForCausalLM": "LlamaModel",
     "MistralForCausalLM": "MistralModel",
     "Qwen2ForCausalLM": "Qwen2Model",
+    "BertForMaskedLM": "BertModel",
+    "RobertaForMaskedLM": "RobertaModel",
+    "XLMRobertaForMaskedLM": "XLMRobertaModel",
 }
 
 
