@@ -30,6 +30,7 @@ from radixlm.entrypoints.child_process import ChildProcess
 from radixlm.entrypoints.launch import launch_children, make_is_alive, stop_children
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.generate_output import SampleDicts, final_dict
+from radixlm.tokenizer.pooling_input import EmbeddingReqInput
 from radixlm.tokenizer.request_input import GenerateReqInput
 from radixlm.tokenizer.tokenizer_manager import EngineDeadError, TokenizerManager
 from radixlm.utils import PortArgs
@@ -175,6 +176,17 @@ class Engine:
                 yield item
         finally:
             future.cancel()
+
+    def encode(self, prompt: str | list[str] | None = None,
+               input_ids: list[int] | list[list[int]] | None = None,
+               dimensions: int | None = None) -> Any:
+        """A pooling model's vectors (or a classifier's label logits), as /encode answers:
+        `{"embedding", "meta_info"}` for one input, a list for a batch."""
+        obj = EmbeddingReqInput(text=prompt, input_ids=input_ids, dimensions=dimensions)
+        results = self._run(self.tokenizer_manager.encode(obj))
+        outs = [{"embedding": r.embedding, "meta_info": {
+            "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens}} for r in results]
+        return outs if obj.is_batch else outs[0]
 
     def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
         self._loop.call_soon_threadsafe(self.tokenizer_manager.abort_request, rid, abort_all)
