@@ -49,7 +49,7 @@ def _pool(ours: Any, config: Any, prompts: list[list[int]],
         req_to_token=rows.req_to_token, token_to_kv_pool=kv, prefix_lens=[0] * len(prompts),
         extend_lens=[len(p) for p in prompts],
         attn_backend=create_attention_backend("torch_native", ours))
-    batch.extra["token_type_ids"] = token_types
+    batch.token_type_ids = token_types
     batch.attn_backend.init_forward_metadata(batch)  # type: ignore[union-attr]
     return ours.pool_forward(batch.input_ids, batch.positions, batch)  # [B, D]
 
