@@ -1,8 +1,9 @@
 """Chat templates: messages → prompt text.
 
 The template is, in order of preference:
-1. `--chat-template NAME`: a built-in template (`chatml`, `llama-3`, `llama-2`,
-   `mistral`), which also brings the stop strings its format needs;
+1. `--chat-template NAME`: a built-in template (`chatml`, `hermes` (chatml with
+   tools, Qwen2.5's form), `llama-3`, `llama-2`, `mistral`), which also brings the
+   stop strings its format needs;
 2. `--chat-template PATH`: a Jinja file (`.jinja`), used as is;
 3. the tokenizer's own Jinja template (for a GGUF model, the one in its
    metadata, saved next to the converted weights);
@@ -75,6 +76,37 @@ _MISTRAL = (
 )
 
 
+# chatml with tools in Qwen2.5 / Hermes form: the tools listed in the system turn, calls
+# as <tool_call>{"name", "arguments"}</tool_call>, results in <tool_response> user turns.
+_HERMES = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ '\\n' + tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% elif messages[0]['role'] == 'system' %}"
+    "<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'user' or (message['role'] == 'assistant' and not "
+    "message.tool_calls) %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% elif message['role'] == 'assistant' %}<|im_start|>assistant"
+    "{% if message['content'] %}{{ '\\n' + message['content'] }}{% endif %}"
+    "{% for call in message.tool_calls %}{{ '\\n' }}<tool_call>\n"
+    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}'
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user"
+    "{% endif %}{{ '\\n' }}<tool_response>\n{{ message['content'] }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n"
+    "{% endif %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
     """A Jinja chat template and the stop strings its format ends a turn with."""
@@ -86,6 +118,7 @@ class ChatTemplate:
 
 BUILTIN_TEMPLATES: dict[str, ChatTemplate] = {
     "chatml": ChatTemplate("chatml", _CHATML, ("<|im_end|>",)),
+    "hermes": ChatTemplate("hermes", _HERMES, ("<|im_end|>",)),
     "llama-3": ChatTemplate("llama-3", _LLAMA3, ("<|eot_id|>",)),
     "llama-2": ChatTemplate("llama-2", _LLAMA2, ("</s>",)),
     "mistral": ChatTemplate("mistral", _MISTRAL, ("</s>",)),

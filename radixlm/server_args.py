@@ -82,6 +82,19 @@ class ServerArgs:
     grammar_compile_timeout: float = _opt(60.0, "Seconds a grammar may take to compile "
                                           "before its request fails.")
 
+    # Agents: tool calls and reasoning output
+    tool_call_parser: str | None = _opt(
+        None, "Tool-call format of the model: hermes (qwen25, qwen) | llama3 | mistral | "
+        "pythonic | generic. Default: detected from the chat template and tokenizer.",
+        choices=["hermes", "qwen25", "qwen", "llama3", "mistral", "pythonic", "generic"])
+    tool_call_constrained: bool = _opt(
+        False, "Constrain tool_choice 'auto' too: the parser's start tag triggers a grammar, "
+        "so a call the model starts always parses (required and named choices always are).")
+    reasoning_parser: str | None = _opt(
+        None, "Split a reasoning model's think block into reasoning_content: deepseek-r1 | "
+        "qwen3 | qwen3-thinking. Grammars then start after the block ends.",
+        choices=["deepseek-r1", "qwen3", "qwen3-thinking"])
+
     # Multimodal input
     allowed_local_media_path: str | None = _opt(
         None, "Folder from which requests may load images and videos by local path "

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from radixlm.chat_template import ChatTemplate, load_chat_template, resolve_chat_template
+from radixlm.entrypoints.openai.agents import AgentSettings, choose_agent_settings
 from radixlm.entrypoints.openai.errors import APIError
 from radixlm.metrics import Metrics
 from radixlm.server_args import ServerArgs
@@ -46,6 +47,7 @@ class ServerState:
         self.start_runtime = start_runtime
         self.chosen_template = load_chat_template(args.chat_template)  # ValueError: bad flag
         self.chat_template: ChatTemplate | None = None
+        self.agents: AgentSettings | None = None  # tool and reasoning parsers, once ready
         self.metrics = Metrics(self.model_name) if args.enable_metrics else None
         self.runtime: Runtime | None = None
         self.tm: Any = None
@@ -75,6 +77,8 @@ class ServerState:
             return
         self.tm = self.runtime.tokenizer_manager
         self.chat_template = resolve_chat_template(self.chosen_template, self.tm.tokenizer)
+        self.agents = choose_agent_settings(self.args, self.chat_template, self.tm.tokenizer,
+                                            dict(self.tm.model_info or {}))
         if self.metrics is not None:
             self.tm.on_sample_finished = self.metrics.on_sample_finished
         self.ready = True

@@ -67,6 +67,10 @@ class SamplingParams:
     json_schema: str | None = None  # a JSON schema as a JSON string
     ebnf: str | None = None
     structural_tag: str | None = None  # SGLang's {"structures", "triggers"} as a JSON string
+    # Where the grammar starts with --reasoning-parser (radixlm.reasoning.gate): "none",
+    # "start" (the output may open a think block), "inside" (it starts in one); None: the
+    # server decides from the prompt.
+    reasoning_phase: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
@@ -153,6 +157,9 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+        if self.reasoning_phase not in (None, "none", "start", "inside"):
+            raise ValueError("reasoning_phase must be 'none', 'start' or 'inside', got "
+                             f"{self.reasoning_phase!r}")
 
     def verify(self, vocab_size: int) -> None:
         """Check ranges; raise ValueError naming the first bad field."""

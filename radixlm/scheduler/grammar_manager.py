@@ -10,6 +10,10 @@ built from the full Hugging Face tokenizer; xgrammar's import alone takes
 seconds) is built in a background thread that `start` launches once the
 scheduler is ready, so the server serves unconstrained requests before
 grammars are ready, and its start-up does not wait for them.
+
+With --reasoning-parser, a request whose `reasoning_phase` is "start" or
+"inside" gets its grammar wrapped in a ReasonerGrammar: free inside the think
+block, enforced after it (constrained/reasoner_grammar.py).
 """
 
 from __future__ import annotations
@@ -25,8 +29,13 @@ from radixlm.scheduler.step_plan import ScheduledReq
 from radixlm.server_args import ServerArgs
 
 if TYPE_CHECKING:
-    from radixlm.constrained.base_grammar_backend import BaseGrammarBackend, GrammarError
+    from radixlm.constrained.base_grammar_backend import (
+        BaseGrammarBackend,
+        BaseGrammarObject,
+        GrammarError,
+    )
     from radixlm.constrained.grammar_cache import GrammarCache
+    from radixlm.constrained.reasoner_grammar import TokenTexts
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +63,13 @@ class GrammarManager:
         self.build_started = 0.0
         self._builder: ThreadPoolExecutor | None = None
         self._cache_future: Future[GrammarCache] | None = None
+        self.token_texts: TokenTexts | None = None  # with a reasoning parser
+        self.think_tags: tuple[str, str] | None = None
+        if server_args.reasoning_parser:
+            from radixlm.reasoning import get_reasoning_parser
+
+            reasoner = get_reasoning_parser(server_args.reasoning_parser)
+            self.think_tags = (reasoner.start_tag, reasoner.end_tag)
 
     def start(self) -> None:
         """Build the backend in the background (also done by the first `add`)."""
@@ -68,9 +84,14 @@ class GrammarManager:
         from radixlm.tokenizer_utils import load_tokenizer
 
         start = time.monotonic()
+        tokenizer = load_tokenizer(self.tokenizer_path)
+        if self.think_tags is not None:
+            from radixlm.constrained.reasoner_grammar import TokenTexts
+
+            self.token_texts = TokenTexts.from_tokenizer(tokenizer, self.vocab_size)
         backend: BaseGrammarBackend = create_grammar_backend(
             self.args.grammar_backend,
-            load_tokenizer(self.tokenizer_path),
+            tokenizer,
             self.vocab_size,
             self.eos_token_ids,
             json_whitespace_pattern=self.args.constrained_json_whitespace_pattern,
@@ -115,10 +136,20 @@ class GrammarManager:
             elif result.error is not None:
                 failed.append((req, str(result.error)))
             else:
-                req.grammar = result.grammar
+                req.grammar = self._gated(req, result.grammar)
                 ready.append(req)
         self.queue = still
         return GrammarPoll(ready, failed)
+
+    def _gated(self, req: Req, grammar: BaseGrammarObject | None) -> BaseGrammarObject | None:
+        """The grammar, gated by the think block when the request reasons first."""
+        phase = req.sampling_params.reasoning_phase
+        if grammar is None or phase not in ("start", "inside") or self.think_tags is None:
+            return grammar
+        from radixlm.constrained.reasoner_grammar import ReasonerGrammar
+
+        assert self.token_texts is not None  # built with the backend
+        return ReasonerGrammar(grammar, self.token_texts, *self.think_tags, phase=phase)
 
     def _ready_cache(self) -> GrammarCache | None:
         if self.cache is None and self._cache_future is not None and self._cache_future.done():

@@ -303,7 +303,19 @@ class TokenizerManager:
         params = await self.tokenizer_workers.run(
             validate_request, single, input_ids, vocab_size, context_len,
             self.args.grammar_backend, mm_inputs)
+        if self.args.reasoning_parser and params.grammar and params.reasoning_phase is None:
+            params.reasoning_phase = await self.tokenizer_workers.run(
+                self._reasoning_phase, input_ids)
         return input_ids, params, mm_inputs
+
+    def _reasoning_phase(self, input_ids: list[int]) -> str | None:
+        """Where a grammar starts for this prompt (radixlm.reasoning.gate): after the think
+        block the output starts in, or may open."""
+        from radixlm.reasoning.gate import grammar_phase, reasoning_for_prompt
+
+        assert self.args.reasoning_parser is not None
+        tail = str(self.tokenizer.decode(input_ids[-16:], skip_special_tokens=False))
+        return grammar_phase(reasoning_for_prompt(self.args.reasoning_parser, tail), tail)
 
     def _send(self, single: SingleReq, input_ids: list[int], params: SamplingParams,
               mm_inputs: MultimodalInputs | None, states: list[_SampleState]) -> None:

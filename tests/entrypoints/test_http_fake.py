@@ -229,7 +229,8 @@ def test_chat_and_chat_stream(client: TestClient) -> None:
     body = client.post("/v1/chat/completions", json={
         "messages": msgs, "max_tokens": 5, "logprobs": True, "top_logprobs": 2}).json()
     choice = body["choices"][0]
-    assert choice["message"] == {"role": "assistant", "content": REPLY[:5], "tool_calls": None}
+    assert choice["message"] == {"role": "assistant", "content": REPLY[:5], "tool_calls": None,
+                                 "reasoning_content": None}
     content = choice["logprobs"]["content"]
     assert len(content) == 5 and len(content[0]["top_logprobs"]) == 2
     assert content[0]["bytes"] == list(REPLY[0].encode())

@@ -3,6 +3,7 @@
     GET  /v1/models, /v1/models/{id}   the served model (404 model_not_found otherwise)
     POST /v1/completions               see serving_completions.py
     POST /v1/chat/completions          see serving_chat.py
+    POST /v1/responses                 see serving_responses.py (stateless)
     POST /v1/tokenize                  {"prompt": str | [str]} → {"tokens", "count", ...}
     POST /v1/detokenize                {"tokens": [int] | [[int]]} → {"text"}
     POST /v1/embeddings, /v1/classify, /v1/rerank   pooling models: see serving_embedding.py
@@ -29,6 +30,7 @@ from radixlm.entrypoints.openai.protocol import (
 from radixlm.entrypoints.openai.serving_chat import create_chat_completion
 from radixlm.entrypoints.openai.serving_completions import create_completion
 from radixlm.entrypoints.openai.serving_embedding import classify, create_embedding, rerank
+from radixlm.entrypoints.openai.serving_responses import create_response
 
 router = APIRouter(prefix="/v1")
 
@@ -77,6 +79,11 @@ async def classify_v1(request: Request) -> Response:
 @router.post("/rerank")
 async def rerank_v1(request: Request) -> Response:
     return await rerank(request, state_of(request))
+
+
+@router.post("/responses")
+async def responses(request: Request) -> Response:
+    return await create_response(request, state_of(request))
 
 
 @router.post("/tokenize")

@@ -32,17 +32,23 @@ from radixlm.entrypoints.openai.protocol import (
     TextPart,
     VideoPart,
 )
+from radixlm.entrypoints.openai.tools import ToolPlan
 from radixlm.entrypoints.server_state import ServerState
 
 
 class ChatPrompt(NamedTuple):
+    text: str  # the rendered prompt
     input_ids: list[int]
     image_data: list[Any]  # image sources, in placeholder order
     video_data: list[Any]  # videos (a file source or a list of frames), in placeholder order
 
 
-def build_chat_prompt(state: ServerState, req: ChatCompletionRequest) -> ChatPrompt:
-    """Token ids of the templated conversation and its media; APIError(400) on bad input."""
+def build_chat_prompt(state: ServerState, req: ChatCompletionRequest,
+                      tools: ToolPlan | None = None) -> ChatPrompt:
+    """Token ids of the templated conversation and its media; APIError(400) on bad input.
+
+    tools: the request's tool plan (it rewrites the messages and gives the template its
+    tools); None: the request has none."""
     tm = state.tm
     images, videos = collect_media(req.messages)
     if images or videos:
@@ -50,15 +56,15 @@ def build_chat_prompt(state: ServerState, req: ChatCompletionRequest) -> ChatPro
             tm.mm_processor.check_modalities(len(images), len(videos))
         except ValueError as e:
             raise APIError(str(e), param="messages") from e
-        text = _render_with_media(state, req, len(images), len(videos))
+        text = _render_with_media(state, req, len(images), len(videos), tools)
     else:
-        text = _render(state, req, message_dicts(req.messages))
+        text = _render(state, req, message_dicts(req.messages), tools)
     try:
         tm.tokenizer_workers.check_fits(text, state.context_length or 1 << 30)
     except ValueError as e:
         raise APIError(str(e), param="messages") from e
     input_ids = list(tm.tokenizer.encode(text, add_special_tokens=False))
-    return ChatPrompt(input_ids, images, videos)
+    return ChatPrompt(text, input_ids, images, videos)
 
 
 def collect_media(messages: list[ChatMessage]) -> tuple[list[Any], list[Any]]:
@@ -114,14 +120,14 @@ def _inline(part: Any, image_token: str, video_token: str) -> str:
 
 
 def _render_with_media(state: ServerState, req: ChatCompletionRequest, num_images: int,
-                       num_videos: int) -> str:
+                       num_videos: int, tools: ToolPlan | None) -> str:
     proc = state.tm.mm_processor
     image_token, video_token = proc.image_token or "", proc.video_token or ""
     text = ""
     for mode in ("parts", "inline"):
         try:
             text = _render(state, req, message_dicts(req.messages, mode, image_token,
-                                                     video_token))
+                                                     video_token), tools)
         except APIError:
             if mode == "inline":
                 raise
@@ -134,12 +140,15 @@ def _render_with_media(state: ServerState, req: ChatCompletionRequest, num_image
 
 
 def _render(state: ServerState, req: ChatCompletionRequest,
-            messages: list[dict[str, Any]]) -> str:
+            messages: list[dict[str, Any]], tools: ToolPlan | None) -> str:
     assert state.chat_template is not None
+    if tools is not None:
+        messages = tools.messages(messages)
     try:
         return render_chat(state.chat_template, state.tm.tokenizer, messages,
                            add_generation_prompt=req.add_generation_prompt,
                            continue_final_message=req.continue_final_message,
-                           tools=req.tools, template_kwargs=req.chat_template_kwargs)
+                           tools=tools.template_tools() if tools is not None else None,
+                           template_kwargs=req.chat_template_kwargs)
     except ValueError as e:
         raise APIError(str(e), param="messages") from e

@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from radixlm.entrypoints.openai.grammar import ResponseFormat, request_grammar
+from radixlm.entrypoints.openai.peer_fields import StructuredOutputs, peer_grammars
 from radixlm.entrypoints.strict import StrictModel
 from radixlm.sampling.sampling_params import (
     MAX_LOGIT_BIAS,
@@ -37,6 +38,11 @@ from radixlm.sampling.sampling_params import (
 )
 
 # ---------------------------------------------------------------- requests
+
+TOO_MANY_CONSTRAINTS = (
+    "Only one constraint per request: response_format (non-text), regex, ebnf, json_schema, "
+    "structured_outputs, guided_json / guided_regex / guided_choice / guided_grammar or "
+    "grammar")
 
 LogitBias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
 
@@ -79,13 +85,32 @@ class _SamplingRequest(StrictModel):
     regex: str | None = None
     ebnf: str | None = None
     json_schema: str | dict[str, Any] | None = None
+    # The peers' fields (see peer_fields.py): vLLM's, then llama.cpp's GBNF `grammar`
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    grammar: str | None = None
     _grammar: tuple[str, str] | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _check_grammar(self) -> _SamplingRequest:
-        self._grammar = request_grammar(self.response_format, self.regex, self.ebnf,
-                                        self.json_schema)
+        own = request_grammar(self.response_format, self.regex, self.ebnf, self.json_schema)
+        guided = {name: getattr(self, name) for name in (
+            "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+            "guided_whitespace_pattern")}
+        found = ([own] if own else []) + peer_grammars(self.structured_outputs, guided,
+                                                       self.grammar)
+        if len(found) > 1:
+            raise ValueError(TOO_MANY_CONSTRAINTS)
+        self._grammar = found[0] if found else None
         return self
+
+    @property
+    def has_grammar(self) -> bool:
+        return self._grammar is not None
 
     @property
     def include_usage(self) -> bool:
@@ -217,6 +242,11 @@ class ChatCompletionRequest(_SamplingRequest):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True
+    # Extras: constrain tool_choice "auto" (None: the server's --tool-call-constrained);
+    # split the think block into reasoning_content (with --reasoning-parser).
+    tool_call_constrained: bool | None = None
+    separate_reasoning: bool = True
     # Extras
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -322,6 +352,7 @@ class ChatLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
 

@@ -7,12 +7,16 @@
   content, and its last chunk the one `finish_reason` (and `matched_stop`);
   `stream_options.include_usage` adds a final chunk with `usage` and no choices;
   with `continuous_usage_stats` too, every chunk carries the usage so far (vLLM's).
+- Tools and reasoning (see tools.py): each choice's text goes through the
+  reasoning parser, then the tool parser; `reasoning_content`, `content` and
+  `tool_calls` (OpenAI's delta shape when streaming), finish_reason
+  "tool_calls" when the choice called. A grammar starts after the think block.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,6 +32,7 @@ from radixlm.entrypoints.openai.protocol import (
     ChatLogprobs,
     ChatResponseMessage,
 )
+from radixlm.entrypoints.openai.tools import ChoiceParser, ToolPlan, plan_tools
 from radixlm.entrypoints.openai.utils import (
     batch_rids,
     chat_logprobs,
@@ -36,43 +41,85 @@ from radixlm.entrypoints.openai.utils import (
     new_id,
 )
 from radixlm.entrypoints.server_state import ServerState
+from radixlm.reasoning import ReasoningParser
+from radixlm.reasoning.gate import grammar_phase, reasoning_for_prompt
 from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.request_input import GenerateReqInput
 
 
-async def create_chat_completion(request: Request, state: ServerState) -> Response:
+class ChatJob(NamedTuple):
+    """A chat request ready for the runtime, and how to read its outputs."""
+
+    obj: GenerateReqInput
+    tools: ToolPlan | None
+    reasoner: ReasoningParser | None
+
+    def parser(self) -> ChoiceParser:
+        return ChoiceParser(self.tools, self.reasoner)
+
+
+async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
+    """Validate the tools, render the prompt and build the runtime request (also used
+    by /v1/responses); APIError(400) on bad input."""
     tm = state.engine()
-    req = await parse_body(request, ChatCompletionRequest)
-    prompt = await tm.tokenizer_workers.run(build_chat_prompt, state, req)
+    assert state.agents is not None
+    tools = plan_tools(state.agents, state.args.grammar_backend, req.tools, req.tool_choice,
+                       req.parallel_tool_calls, req.tool_call_constrained, req.has_grammar)
+    prompt = await tm.tokenizer_workers.run(build_chat_prompt, state, req, tools)
     # None: to the end of the context, known in the runtime once images are expanded.
     params = req.sampling_params(req.max_new_tokens)
     assert state.chat_template is not None
     stop_ids, stop_strs = template_stop_ids(state.chat_template, tm.tokenizer)
     params["stop_token_ids"] = sorted(set(params["stop_token_ids"]) | set(stop_ids))
     params["stop"] = params["stop"] + [s for s in stop_strs if s not in params["stop"]]
+    if tools is not None and tools.active:
+        if tools.constraint is not None:
+            params[tools.constraint[0]] = tools.constraint[1]
+        if state.agents.keep_special_tokens:
+            params["skip_special_tokens"] = False
+    reasoner = None
+    if state.agents.reasoning_parser is not None:
+        thinking = (req.chat_template_kwargs or {}).get("enable_thinking", True) is not False
+        reasoner = reasoning_for_prompt(state.agents.reasoning_parser, prompt.text, thinking)
+        params["reasoning_phase"] = grammar_phase(reasoner, prompt.text)
     obj = GenerateReqInput(
         input_ids=prompt.input_ids, sampling_params=params,
         rid=batch_rids(req.rid, "chatcmpl", 1)[0], return_logprob=req.logprobs,
         top_logprobs_num=req.top_logprobs or 0, stream=req.stream,
         image_data=prompt.image_data or None, video_data=prompt.video_data or None,
     )
-    translator = _Translator(req, tm.tokenizer, state.model_name)
+    return ChatJob(obj, tools, reasoner if req.separate_reasoning else None)
+
+
+async def create_chat_completion(request: Request, state: ServerState) -> Response:
+    tm = state.engine()
+    req = await parse_body(request, ChatCompletionRequest)
+    job = await prepare_chat(state, req)
+    translator = _Translator(req, tm.tokenizer, state.model_name, job)
     if not req.stream:
-        outs = await collect(request, tm.generate(obj))
+        outs = await collect(request, tm.generate(job.obj))
         return JSONResponse(translator.response(outs))
-    return await sse_stream(request, tm.generate(obj), translator.events, translator.tail)
+    return await sse_stream(request, tm.generate(job.obj), translator.events, translator.tail)
+
+
+def finish_reason(finish: str | None, called: bool) -> str | None:
+    """OpenAI's "tool_calls" for a choice that ended with calls."""
+    return "tool_calls" if called and finish == "stop" else finish
 
 
 class _Translator:
     """Runtime outputs of one chat request → OpenAI responses or chunks."""
 
-    def __init__(self, req: ChatCompletionRequest, tokenizer: Any, model_name: str) -> None:
+    def __init__(self, req: ChatCompletionRequest, tokenizer: Any, model_name: str,
+                 job: ChatJob) -> None:
         self.req = req
         self.tokenizer = tokenizer
+        self.job = job
         self.model = req.model or model_name
         self.id = new_id("chatcmpl")
         self.created = int(time.time())
         self.latest: dict[int, GenerateOutput] = {}  # each choice's latest output (usage)
+        self.parsers: dict[int, ChoiceParser] = {}  # per choice, when streaming
 
     def response(self, outs: list[GenerateOutput]) -> dict[str, Any]:
         choices = []
@@ -81,9 +128,15 @@ class _Translator:
             if self.req.logprobs:
                 logprobs = ChatLogprobs(content=chat_logprobs(out, self.tokenizer))
             finish, matched = finish_fields(out)
+            parsed = self.job.parser().parse_whole(out.text)
+            message = ChatResponseMessage(
+                content=parsed.content if parsed.content or not parsed.tool_calls else None,
+                reasoning_content=parsed.reasoning or None,
+                tool_calls=parsed.tool_calls or None)
             choices.append(ChatChoice(
-                index=out.index, message=ChatResponseMessage(content=out.text),
-                logprobs=logprobs, finish_reason=finish, matched_stop=matched))
+                index=out.index, message=message, logprobs=logprobs,
+                finish_reason=finish_reason(finish, bool(parsed.tool_calls)),
+                matched_stop=matched))
         usage = make_usage({o.index: o for o in outs}, self.req.n)
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
                                       choices=choices, usage=usage).model_dump()
@@ -113,13 +166,22 @@ class _Translator:
                                       usage))
         logprobs = None
         if self.req.logprobs:
-            content = chat_logprobs(out, self.tokenizer)
-            logprobs = ChatLogprobs(content=content) if content else None
+            token_logprobs = chat_logprobs(out, self.tokenizer)
+            logprobs = ChatLogprobs(content=token_logprobs) if token_logprobs else None
         finish, matched = finish_fields(out)
-        if out.text or logprobs is not None or finish is not None:
-            events.append(self._chunk([self._choice(
-                out.index, {"content": out.text} if out.text else {}, logprobs, finish,
-                matched)], usage))
+        parser = self.parsers.setdefault(out.index, self.job.parser())
+        reasoning, content, calls = parser.feed(out.text, final=finish is not None)
+        delta: dict[str, Any] = {}
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+        if content:
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = calls
+        if delta or logprobs is not None or finish is not None:
+            finish = finish_reason(finish, bool(parser.result.tool_calls))
+            events.append(self._chunk([self._choice(out.index, delta, logprobs, finish,
+                                                    matched)], usage))
         return events
 
     def tail(self) -> list[bytes]:

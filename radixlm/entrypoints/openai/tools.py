@@ -1,0 +1,203 @@
+"""Tools in a chat request: validation, the prompt, the constraint, and the parsers.
+
+Per request (`plan_tools`):
+- `tools` and `tool_choice` are validated (`parse_tools`, `ToolChoice.from_openai`);
+  each problem is a 400 naming it. tools together with another constraint
+  (response_format, regex, ...) are a 400 unless tool_choice is "none".
+- The prompt: the generic parser (a template with no place for tools) rewrites the
+  conversation with the tool prompt (`generic_messages`); any other parser
+  passes the tools to the template, with past calls' arguments as objects (what
+  Hugging Face templates iterate over).
+- The constraint: tool_choice required or named, or auto with
+  --tool-call-constrained / `tool_call_constrained: true` (or the generic format,
+  which always is), becomes the request's one grammar (`parser.constraint`), so a
+  call always parses; a backend that cannot express it is a 400.
+- The output: a reasoning parser (if any) first, then the tool parser, per
+  choice; streaming keeps one `ChoiceParser` per choice.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixlm.entrypoints.openai.agents import AgentSettings
+from radixlm.entrypoints.openai.errors import APIError
+from radixlm.function_call import (
+    ContentDelta,
+    ToolCallDelta,
+    ToolCallStream,
+    ToolChoice,
+    ToolConstraintError,
+    ToolError,
+    ToolParser,
+    ToolSpec,
+    generic_messages,
+    new_call_id,
+    parse_tools,
+)
+from radixlm.reasoning import ReasoningParser, ReasoningStream
+
+
+@dataclass
+class ToolPlan:
+    """What one request does with its tools."""
+
+    specs: list[ToolSpec]
+    choice: ToolChoice
+    parallel: bool
+    parser: ToolParser
+    generic: bool  # the template has no place for tools: generic prompt and format
+    openai_tools: list[dict[str, Any]]
+    constraint: tuple[str, str] | None = None  # (kind, text) for the sampling params
+
+    @property
+    def active(self) -> bool:
+        return self.choice.mode != "none"
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return None if self.generic or not self.active else self.openai_tools
+
+    def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The conversation as the template gets it."""
+        if self.generic:
+            if not self.active and not _has_tool_turns(messages):
+                return messages
+            return generic_messages(messages, self.specs, self.choice,
+                                    parallel_tool_calls=self.parallel)
+        return template_messages(messages)
+
+
+def _has_tool_turns(messages: list[dict[str, Any]]) -> bool:
+    return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Past calls with their arguments as objects (Hugging Face templates read
+    `tool_call.function.arguments` as a mapping); 400 if they are not JSON."""
+    out = []
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if not calls:
+            out.append(message)
+            continue
+        fixed = []
+        for j, call in enumerate(calls):
+            function = dict(call.get("function") or {})
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    function["arguments"] = json.loads(arguments) if arguments.strip() else {}
+                except json.JSONDecodeError:
+                    raise APIError(f"messages[{i}].tool_calls[{j}].function.arguments is not "
+                                   "valid JSON", param="messages") from None
+            fixed.append({**call, "type": call.get("type", "function"), "function": function})
+        out.append({**message, "tool_calls": fixed})
+    return out
+
+
+def plan_tools(agents: AgentSettings, backend: str, tools: list[dict[str, Any]] | None,
+               tool_choice: Any, parallel_tool_calls: bool, constrain_auto: bool | None,
+               has_other_grammar: bool) -> ToolPlan | None:
+    """The request's tool plan, or None without tools; APIError(400) on bad input."""
+    if tools is None:
+        if tool_choice not in (None, "none", "auto"):
+            raise APIError("tool_choice needs tools", param="tool_choice")
+        return None
+    try:
+        specs = parse_tools(tools)
+        choice = ToolChoice.from_openai(tool_choice, specs)
+    except ToolError as e:
+        raise APIError(str(e), param="tools" if "tool_choice" not in str(e) else "tool_choice"
+                       ) from e
+    parser = agents.parser(specs)
+    plan = ToolPlan(specs, choice, parallel_tool_calls, parser,
+                    agents.tool_parser == "generic", tools)
+    if not plan.active or not specs:
+        return plan
+    constrained = choice.mode in ("required", "named") or parser.constrain_auto or (
+        agents.tool_call_constrained if constrain_auto is None else constrain_auto)
+    if has_other_grammar:
+        raise APIError(f"tools with tool_choice {choice.mode!r} cannot be combined with "
+                       "response_format or another grammar (regex, json_schema, ebnf, ...): "
+                       "tool calls need their own constraint; set tool_choice 'none' or drop "
+                       "one", param="response_format")
+    if constrained:
+        try:
+            grammar = parser.constraint(specs, choice, parallel_tool_calls=parallel_tool_calls,
+                                        backend=backend, marker_token_ids=agents.marker_ids)
+        except ToolConstraintError as e:
+            raise APIError(f"Cannot constrain tool calls (tool_choice {choice.mode!r}, "
+                           f"--grammar-backend {backend}): {e}", param="tool_choice") from e
+        plan.constraint = (grammar.kind, grammar.text)
+    return plan
+
+
+@dataclass
+class ChoiceOutput:
+    """What a choice's text became: reasoning, content and calls (OpenAI dicts)."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ChoiceParser:
+    """One choice's output through the reasoning parser, then the tool parser.
+
+    feed() returns the new (reasoning, content, tool-call deltas); the call deltas are
+    OpenAI chunk dicts. Joined, the argument fragments of a call are its final arguments.
+    """
+
+    def __init__(self, tools: ToolPlan | None, reasoner: ReasoningParser | None) -> None:
+        self.reasoning: ReasoningStream | None = reasoner.stream() if reasoner else None
+        self.parser = tools.parser if tools is not None and tools.active else None
+        self.tools: ToolCallStream | None = self.parser.stream() if self.parser else None
+        self.ids: dict[int, str] = {}
+        self.result = ChoiceOutput()
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str, list[dict[str, Any]]]:
+        reasoning, content = "", text
+        if self.reasoning is not None:
+            delta = self.reasoning.feed(text)
+            if final:
+                tail = self.reasoning.finish()
+                delta = type(delta)(delta.reasoning_content + tail.reasoning_content,
+                                    delta.content + tail.content)
+            reasoning, content = delta.reasoning_content, delta.content
+        calls: list[dict[str, Any]] = []
+        if self.tools is not None:
+            deltas = self.tools.feed(content)
+            if final:
+                deltas += self.tools.finish()
+            content = "".join(d.text for d in deltas if isinstance(d, ContentDelta))
+            calls = [self._call_delta(d) for d in deltas if isinstance(d, ToolCallDelta)]
+        self.result.reasoning += reasoning
+        self.result.content += content
+        return reasoning, content, calls
+
+    def _call_delta(self, delta: ToolCallDelta) -> dict[str, Any]:
+        if delta.id is not None:
+            self.ids[delta.index] = delta.id
+            self.result.tool_calls.append({"id": delta.id, "type": "function", "function": {
+                "name": delta.name, "arguments": ""}})
+        self.result.tool_calls[delta.index]["function"]["arguments"] += delta.arguments
+        return delta.to_openai()
+
+    def parse_whole(self, text: str) -> ChoiceOutput:
+        """A whole output (non-streaming): the same parsers, lookahead for the calls."""
+        if self.reasoning is not None:
+            self.reasoning.feed(text)
+            self.reasoning.finish()
+            self.result.reasoning, text = self.reasoning.result()
+        if self.parser is None:
+            self.result.content = text
+            return self.result
+        parsed = self.parser.parse(text)
+        self.result.content = parsed.content
+        self.result.tool_calls = [
+            {"id": new_call_id(), "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}}
+            for c in parsed.tool_calls]
+        return self.result
