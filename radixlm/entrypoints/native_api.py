@@ -37,6 +37,7 @@ from radixlm.entrypoints.server_state import ServerState
 from radixlm.entrypoints.strict import StrictModel
 from radixlm.io_struct import is_sample_of
 from radixlm.metrics import CONTENT_TYPE
+from radixlm.reasoning.split import ReasoningSplitter
 from radixlm.tokenizer.generate_output import GenerateOutput, SampleDicts, final_dict
 from radixlm.tokenizer.request_input import GenerateReqInput
 
@@ -68,6 +69,9 @@ class GenerateRequest(StrictModel):
     # shape or type is a 400 from the media loader, which names the problem.
     image_data: str | list[Any] | None = None
     video_data: str | list[Any] | None = None
+    # With --reasoning-parser: also return the think block and the answer apart
+    # (`reasoning_content`, `content`; stream events: their deltas). `text` stays raw.
+    separate_reasoning: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -87,16 +91,32 @@ class AbortRequest(StrictModel):
     abort_all: bool = False
 
 
+def reasoning_splitter(state: ServerState, body: GenerateRequest) -> ReasoningSplitter:
+    """What separate_reasoning adds to /generate's dicts; 400 without a reasoning parser."""
+    name = state.args.reasoning_parser if body.separate_reasoning else None
+    if body.separate_reasoning and name is None:
+        raise APIError("separate_reasoning needs a reasoning parser (--reasoning-parser)",
+                       param="separate_reasoning")
+    prompts = [body.text] if isinstance(body.text, str) else list(body.text or [])
+    params = body.sampling_params
+    per_prompt = params if isinstance(params, list) else [params or {}] * max(len(prompts), 1)
+    num_samples = [int(p.get("n", 1)) if isinstance(p.get("n", 1), int) else 1
+                   for p in per_prompt]
+    return ReasoningSplitter(name, prompts, num_samples)
+
+
 @router.post("/generate")
 async def generate(request: Request) -> Response:
     state = state_of(request)
     tm = state.engine()
     body = await parse_body(request, GenerateRequest)
-    obj = GenerateReqInput(**body.model_dump())
+    obj = GenerateReqInput(**body.model_dump(exclude={"separate_reasoning"}))
+    split = reasoning_splitter(state, body)
     if not obj.stream:
         outs = await collect(request, tm.generate(obj))
         single = not obj.is_batch and len(outs) == 1
-        return JSONResponse(final_dict(outs[0]) if single else [final_dict(o) for o in outs])
+        dicts = [split.whole(o.index, final_dict(o)) for o in outs]
+        return JSONResponse(dicts[0] if single else dicts)
     incremental = state.args.incremental_streaming_output
     samples: dict[int, SampleDicts] = {}
 
@@ -105,7 +125,7 @@ async def generate(request: Request) -> Response:
         if sample is None:
             # NOTE: copy=False: each event is serialized before the next output arrives.
             sample = samples[out.index] = SampleDicts(incremental, copy=False)
-        return [sse(sample.add(out))]
+        return [sse(split.delta(out, sample.add(out)))]
 
     return await sse_stream(request, tm.generate(obj), on_output)
 

@@ -73,8 +73,9 @@ class _Delta:
 class FakeTokenizerManager:
     def __init__(self, tokenizer: Any, context_length: int = 256, delay: float = 0.0,
                  grammar_backend: str = "xgrammar",
-                 mm_processor: BaseMultimodalProcessor | None = None) -> None:
+                 mm_processor: BaseMultimodalProcessor | None = None, reply: str = REPLY) -> None:
         self.tokenizer = tokenizer
+        self.reply = reply  # what every sample "generates" (cycled)
         self.tokenizer_workers = AsyncTokenizer(tokenizer)
         self.mm_processor = mm_processor or TextOnlyProcessor("fake-model")
         self.prepared: list[tuple[list[int], Any]] = []  # (input_ids, mm_inputs) per prompt
@@ -140,7 +141,7 @@ class FakeTokenizerManager:
         created = time.monotonic()
         cached = len(ids) - 1 if tuple(ids) in self.cached else 0
         self.cached.add(tuple(ids))
-        reply_ids = self.tokenizer.encode(REPLY)
+        reply_ids = self.tokenizer.encode(self.reply)
         out_ids: list[int] = []
         text = ""
         input_lps: tuple[list[Any], list[Any]] | None = None
