@@ -34,6 +34,7 @@ from radixlm.function_call import (
     ToolParser,
     ToolSpec,
     generic_messages,
+    generic_tool_prompt,
     new_call_id,
     parse_tools,
 )
@@ -62,11 +63,26 @@ class ToolPlan:
     def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The conversation as the template gets it."""
         if self.generic:
-            if not self.active and not _has_tool_turns(messages):
-                return messages
+            if not self.active:
+                return _without_tool_prompt(messages, self.specs) if _has_tool_turns(
+                    messages) else messages
             return generic_messages(messages, self.specs, self.choice,
                                     parallel_tool_calls=self.parallel)
         return template_messages(messages)
+
+
+def _without_tool_prompt(messages: list[dict[str, Any]], specs: list[ToolSpec]
+                         ) -> list[dict[str, Any]]:
+    """tool_choice "none" on the generic format: past calls and results as plain turns,
+    and no tool prompt (the model is not to call)."""
+    choice = ToolChoice("auto")
+    out = generic_messages(messages, specs, choice)
+    prompt = generic_tool_prompt(specs, choice)
+    system = str(out[0].get("content", ""))
+    if system == prompt:
+        return out[1:]
+    out[0] = {**out[0], "content": system.removesuffix("\n\n" + prompt)}
+    return out
 
 
 def _has_tool_turns(messages: list[dict[str, Any]]) -> bool:
