@@ -83,7 +83,7 @@ class _ResponseBuilder:
             "text": req.text or {"format": {"type": "text"}},
             "reasoning": req.reasoning, "previous_response_id": None, "store": False,
             "truncation": "disabled", "metadata": req.metadata or {}, "user": req.user,
-            "usage": _usage(out, parsed or self.parser.result) if out is not None else None,
+            "usage": _usage(out) if out is not None else None,
         }
 
     # -- streaming ------------------------------------------------------------------------
@@ -202,8 +202,8 @@ def _items(parsed: ChoiceOutput) -> list[dict[str, Any]]:
     return items
 
 
-def _usage(out: GenerateOutput, parsed: ChoiceOutput) -> dict[str, Any]:
-    del parsed  # NOTE: reasoning tokens are not counted apart (the text is split, not ids)
+def _usage(out: GenerateOutput) -> dict[str, Any]:
+    # NOTE: reasoning tokens are not counted apart: the parsers split text, not token ids.
     return {"input_tokens": out.prompt_tokens,
             "input_tokens_details": {"cached_tokens": out.cached_tokens},
             "output_tokens": out.completion_tokens,
