@@ -41,7 +41,8 @@ class FinishReason:
     """Why a request ended. `type` is "stop", "length" or "abort"."""
 
     type: str
-    matched: str | int | None = None  # the stop string or stop token id, for "stop"
+    matched: str | int | None = None  # the stop string, regex or token id, for "stop"
+    matched_regex: bool = False  # `matched` is one of the request's stop_regex patterns
     message: str | None = None  # for "abort"
     status_code: int | None = None  # for an abort that should surface as an HTTP error
 
@@ -186,6 +187,7 @@ class TokenOut:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     stop: list[str] = field(default_factory=list)
+    stop_regex: list[str] = field(default_factory=list)
     no_stop_trim: bool = False
     # Logprob deltas (only when asked for).
     output_token_logprobs: list[LogprobEntry] | None = None

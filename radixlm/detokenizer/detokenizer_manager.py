@@ -4,7 +4,10 @@ Per request it keeps an incremental decode state (see
 `incremental_detokenizer.py`) and how much text it has already emitted.
 While a request runs, text that could be the start of one of its stop strings
 is held back, so a stop string is never streamed; when it finishes on a stop
-string, the text is cut before it (unless `no_stop_trim`).
+string, the text is cut before it (unless `no_stop_trim`). Stop regexes work
+the same way (stop_regex.py): text where a match could still begin is held
+back, and at finish the text is cut before the match (after it with
+`no_stop_trim`), never past it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from radixlm.detokenizer.incremental_detokenizer import DecodeState, IncrementalDetokenizer
+from radixlm.detokenizer.stop_regex import safe_regex_stream_len, trim_at_regex
 from radixlm.detokenizer.stop_strings import safe_stream_len, trim_at_stop
 from radixlm.io_struct import BatchStrOut, BatchTokenIDOut, ProcessError, StrOut, TokenOut
 from radixlm.utils import PortArgs, configure_logging, parent_alive
@@ -63,9 +67,15 @@ class DetokenizerManager:
         entry.text += piece
         if out.finished_reason is None:
             end = safe_stream_len(entry.text, out.stop)
+            if out.stop_regex:
+                end = min(end, safe_regex_stream_len(entry.text, out.stop_regex,
+                                                     entry.num_emitted))
         else:
-            matched = out.finished_reason.matched
-            if isinstance(matched, str) and not out.no_stop_trim:
+            reason = out.finished_reason
+            matched = reason.matched
+            if isinstance(matched, str) and reason.matched_regex:
+                entry.text = trim_at_regex(entry.text, matched, keep_match=out.no_stop_trim)
+            elif isinstance(matched, str) and not out.no_stop_trim:
                 entry.text = trim_at_stop(entry.text, matched)
             end = len(entry.text)
             del self.reqs[out.rid]

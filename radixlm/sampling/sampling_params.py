@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from radixlm.detokenizer.stop_regex import check_stop_regexes
+
 # Constraint kinds, in the order the "only one" error names them.
 GRAMMAR_PARAMS = ("regex", "json_schema", "ebnf", "structural_tag")
 # What each --grammar-backend can compile; kept here so that validation needs no grammar
@@ -55,6 +57,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
     stop: list[str] = field(default_factory=list)
+    stop_regex: list[str] = field(default_factory=list)  # SGLang's: stop where one matches
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = None
@@ -80,10 +83,11 @@ class SamplingParams:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"Unknown sampling parameter(s): {', '.join(unknown)}")
-        if isinstance(d.get("stop"), str):
-            d["stop"] = [d["stop"]]
-        if d.get("stop") is None:
-            d.pop("stop", None)
+        for name in ("stop", "stop_regex"):
+            if isinstance(d.get(name), str):
+                d[name] = [d[name]]
+            if d.get(name) is None:
+                d.pop(name, None)
         if d.get("stop_token_ids") is None:
             d.pop("stop_token_ids", None)
         if d.get("logit_bias") is not None:
@@ -149,6 +153,10 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
             raise ValueError("stop must be a string or a list of strings")
+        if not isinstance(self.stop_regex, list) or not all(
+            isinstance(s, str) for s in self.stop_regex
+        ):
+            raise ValueError("stop_regex must be a string or a list of strings")
         if not isinstance(self.stop_token_ids, list) or not all(
             _is_int(t) for t in self.stop_token_ids
         ):
@@ -206,6 +214,7 @@ class SamplingParams:
                                  f"{MAX_LOGIT_BIAS:g}], got {bias}")
         if any(s == "" for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        check_stop_regexes(self.stop_regex)
         if sum(getattr(self, name) is not None for name in GRAMMAR_PARAMS) > 1:
             raise ValueError(TOO_MANY_GRAMMARS)
 

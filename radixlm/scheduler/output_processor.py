@@ -1,7 +1,7 @@
 """Who finished, and the outputs that go to the detokenizer.
 
 A request finishes with "stop" (a stop token id, EOS unless ignore_eos, or a
-stop string found in its decoded tail), "length" (max_new_tokens or the
+stop string or stop regex found in its decoded tail), "length" (max_new_tokens or the
 context length), or "abort". Outputs go to the detokenizer as deltas: every
 `stream_interval` steps for streaming requests, and always once at the end.
 A pooling request's answer (its vector) is kept in `embedding_outs` instead.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixlm.detokenizer.stop_regex import find_first_regex, tail_tokens_needed
 from radixlm.detokenizer.stop_strings import find_stop_string
 from radixlm.io_struct import EmbeddingOut, FinishReason, TokenOut
 from radixlm.scheduler.pooling import embedding_out
@@ -66,7 +67,21 @@ class OutputProcessor:
             matched = find_stop_string(tail, params.stop)
             if matched is not None:
                 return FinishReason("stop", matched=matched)
+        if params.stop_regex and num_output >= params.min_new_tokens:
+            return self._check_stop_regex(req, num_new_tokens)
         return None
+
+    def _check_stop_regex(self, req: Req, num_new_tokens: int) -> FinishReason | None:
+        params = req.sampling_params
+        window = tail_tokens_needed(params.stop_regex) + num_new_tokens
+        tail = self.tokenizer.decode(
+            req.output_tail(max(req.num_output_tokens - window, 0)),
+            skip_special_tokens=params.skip_special_tokens,
+        )
+        match = find_first_regex(tail, params.stop_regex)
+        if match is None:
+            return None
+        return FinishReason("stop", matched=match.pattern, matched_regex=True)
 
     # ------------------------------------------------------------------ outputs
 
@@ -102,6 +117,7 @@ class OutputProcessor:
             skip_special_tokens=params.skip_special_tokens,
             spaces_between_special_tokens=params.spaces_between_special_tokens,
             stop=params.stop,
+            stop_regex=params.stop_regex,
             no_stop_trim=params.no_stop_trim,
         )
         if req.return_logprob:

@@ -75,6 +75,7 @@ class _SamplingRequest(StrictModel):
     min_tokens: int = Field(0, ge=0)
     repetition_penalty: float = Field(1.0, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -140,6 +141,7 @@ class _SamplingRequest(StrictModel):
             "logit_bias": dict(self.logit_bias) if self.logit_bias else None,
             "stop": stop,
             "stop_token_ids": list(self.stop_token_ids or []),
+            "stop_regex": self.stop_regex or [],
             "ignore_eos": self.ignore_eos,
             "seed": self.seed,
             "n": self.n,
