@@ -101,6 +101,7 @@ class Engine:
             top_logprobs_num=top_logprobs_num, stream=stream, image_data=image_data,
             video_data=video_data,
         )
+        obj.default_prompt_logprobs()
         if stream:
             return self._iterate(obj)
         return self._run(self._collect(obj))
@@ -110,6 +111,7 @@ class Engine:
         """Async twin of `generate`, usable from any event loop."""
         obj = GenerateReqInput(text=prompt, sampling_params=sampling_params, stream=stream,
                                **kwargs)
+        obj.default_prompt_logprobs()
         if stream:
             return self._aiterate(obj)
         future = asyncio.run_coroutine_threadsafe(self._collect(obj), self._loop)

@@ -111,6 +111,7 @@ async def generate(request: Request) -> Response:
     tm = state.engine()
     body = await parse_body(request, GenerateRequest)
     obj = GenerateReqInput(**body.model_dump(exclude={"separate_reasoning"}))
+    obj.default_prompt_logprobs()
     split = reasoning_splitter(state, body)
     if not obj.stream:
         outs = await collect(request, tm.generate(obj))

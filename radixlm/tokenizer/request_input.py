@@ -51,6 +51,12 @@ class GenerateReqInput:
     image_data: Any = None
     video_data: Any = None
 
+    def default_prompt_logprobs(self) -> None:
+        """SGLang's native default: with return_logprob and no logprob_start_len, the
+        prompt's logprobs come too, from its first position (`[null, id, text]`)."""
+        if self.logprob_start_len is None and self.return_logprob:
+            self.logprob_start_len = 0
+
     @property
     def is_batch(self) -> bool:
         if self.text is not None:

@@ -132,6 +132,10 @@ class _SampleState:
     output_top_logprobs: list[list[LogprobItem]] = field(default_factory=list)
     input_token_logprobs: list[LogprobItem | None] | None = None
     input_top_logprobs: list[list[LogprobItem] | None] | None = None
+    # With prompt logprobs: the prompt (a reference, not a copy) and the first position
+    # scored, to name the token of a position without a logprob ([null, id, text]).
+    prompt_ids: list[int] | None = None
+    logprob_start_len: int = 0
 
 
 class TokenizerManager:
@@ -329,6 +333,8 @@ class TokenizerManager:
             rid = sample_rid(single.rid, i, n)
             state = _SampleState(len(states), rid, single.stream, single.return_logprob,
                                  single.return_text_in_logprobs)
+            if logprob_start_len is not None:
+                state.prompt_ids, state.logprob_start_len = input_ids, logprob_start_len
             self.states[rid] = state
             states.append(state)
             seed = sample_seed(params.seed, i)
@@ -469,7 +475,7 @@ class TokenizerManager:
             e2e_latency=time.monotonic() - state.created,
         )
         if state.return_logprob:
-            self._add_logprobs(out, tok, state.return_text_in_logprobs)
+            self._add_logprobs(out, tok, state)
         state.finished = out.finished
         if not state.stream:
             _accumulate(state, out)
@@ -480,19 +486,30 @@ class TokenizerManager:
             self.on_sample_finished(out)
         state.queue.put_nowait(out)
 
-    def _add_logprobs(self, out: GenerateOutput, tok: TokenOut, with_text: bool) -> None:
-        """The delta's logprobs as `[logprob, token_id, text]` items (see generate_output)."""
+    def _add_logprobs(self, out: GenerateOutput, tok: TokenOut, state: _SampleState) -> None:
+        """The delta's logprobs as `[logprob, token_id, text]` items (see generate_output);
+        a prompt position without a logprob (the first one) is `[None, token_id, text]`."""
+        with_text = state.return_text_in_logprobs
 
         def item(e: LogprobEntry) -> LogprobItem:
             logprob, token_id = e
             text = self.tokenizer.decode([token_id]) if with_text else None
             return [logprob, token_id, text]
 
+        def prompt_item(pos: int, e: LogprobEntry | None) -> LogprobItem | None:
+            if e is not None:
+                return item(e)
+            ids = state.prompt_ids
+            if ids is None or not 0 <= state.logprob_start_len + pos < len(ids):
+                return None
+            token_id = ids[state.logprob_start_len + pos]
+            return [None, token_id, self.tokenizer.decode([token_id]) if with_text else None]
+
         out.output_token_logprobs = [item(e) for e in tok.output_token_logprobs or []]
         out.output_top_logprobs = [[item(e) for e in tops] for tops in tok.output_top_logprobs or []]
         if tok.input_token_logprobs is not None:
             out.input_token_logprobs = [
-                item(e) if e is not None else None for e in tok.input_token_logprobs]
+                prompt_item(i, e) for i, e in enumerate(tok.input_token_logprobs)]
             out.input_top_logprobs = [
                 [item(e) for e in tops] if tops is not None else None
                 for tops in tok.input_top_logprobs or []

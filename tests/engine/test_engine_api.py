@@ -101,7 +101,9 @@ def test_logprobs_shapes(engine: Engine) -> None:
     assert all(len(tops) == 3 for tops in meta["output_top_logprobs"])
     assert [e[1] for e in meta["output_token_logprobs"]] == out["output_ids"]
     assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"]
-    assert meta["input_token_logprobs"][0] is None
+    first_id = engine.tokenizer.encode(PROMPT)[0]
+    assert meta["input_token_logprobs"][0] == [None, first_id, engine.tokenizer.decode([first_id])]
+    assert all(e[0] is not None for e in meta["input_token_logprobs"][1:])
     # Greedy picks the top-1 token, whose logprob is the row's maximum.
     for chosen, tops in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
         assert chosen[1] == tops[0][1] and abs(chosen[0] - tops[0][0]) < 1e-5
@@ -110,6 +112,11 @@ def test_logprobs_shapes(engine: Engine) -> None:
                           logprob_start_len=start)
     meta = out["meta_info"]
     assert meta["prompt_tokens"] == start + len(meta["input_token_logprobs"])
+    # SGLang's default: return_logprob alone brings the whole prompt's logprobs too.
+    out = engine.generate(PROMPT, {**GREEDY, "max_new_tokens": 1}, return_logprob=True)
+    meta = out["meta_info"]
+    assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"]
+    assert meta["input_token_logprobs"][0][0] is None
 
 
 def test_parallel_samples(engine: Engine) -> None:
