@@ -47,6 +47,8 @@ class ServerArgs:
     mem_fraction: float = _opt(0.1, "Fraction of free memory given to the KV pool when "
                                "--max-total-tokens is unset.")
     max_running_requests: int = _opt(64, "Most requests decoding at once.")
+    max_queued_requests: int | None = _opt(None, "Most requests waiting to run; past it a "
+                                           "new request gets a 503 (unset: no limit).")
     chunked_prefill_size: int = _opt(512, "Most prompt tokens one request prefills per step.")
     max_prefill_tokens: int = _opt(2048, "Token budget of one step (prefill chunks + decodes).")
     schedule_policy: str = _opt("fcfs", "Admission order: fcfs | lpm (longest cached prefix).",
@@ -139,6 +141,8 @@ class ServerArgs:
             raise ValueError("--chunked-prefill-size must be at least 1")
         if self.max_running_requests < 1:
             raise ValueError("--max-running-requests must be at least 1")
+        if self.max_queued_requests is not None and self.max_queued_requests < 1:
+            raise ValueError("--max-queued-requests must be at least 1")
         if self.stream_interval < 1:
             raise ValueError("--stream-interval must be at least 1")
         if self.grammar_compile_timeout <= 0:

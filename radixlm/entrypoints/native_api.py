@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 import uuid
 from typing import Any
@@ -41,6 +42,7 @@ from radixlm.reasoning.split import ReasoningSplitter
 from radixlm.tokenizer.generate_output import GenerateOutput, SampleDicts, final_dict
 from radixlm.tokenizer.request_input import GenerateReqInput
 
+logger = logging.getLogger(__name__)
 router = APIRouter()
 
 HEALTH_GENERATE_TIMEOUT = 20.0  # seconds (at most --watchdog-timeout)
@@ -53,8 +55,6 @@ def state_of(request: Request) -> ServerState:
 class GenerateRequest(StrictModel):
     """POST /generate body (see GenerateReqInput for the batch rules). The sampling
     parameters are checked, as strictly, by SamplingParams.from_dict."""
-
-    model_config = ConfigDict(extra="forbid")
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
@@ -75,12 +75,15 @@ class GenerateRequest(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _drop_empty_extras(cls, data: Any) -> Any:
-        # NOTE: SGLang clients send fields this server lacks (lora_path, ...)
-        # as null; those are dropped, while a real value is an error naming the field.
+    def _drop_unknown_fields(cls, data: Any) -> Any:
+        # NOTE: as SGLang does, fields this server does not know (lora_path, custom_logit_processor,
+        # ...) are ignored with a debug log; unknown *sampling* parameters stay an error
+        # (SamplingParams.from_dict), and the known fields keep their strict types.
         if isinstance(data, dict):
-            known = cls.model_fields
-            return {k: v for k, v in data.items() if k in known or v not in (None, False, [], {})}
+            unknown = sorted(k for k in data if k not in cls.model_fields)
+            if unknown:
+                logger.debug("/generate: ignoring unknown field(s): %s", ", ".join(unknown))
+                return {k: v for k, v in data.items() if k in cls.model_fields}
         return data
 
 
@@ -192,9 +195,15 @@ async def get_model_info(request: Request) -> Response:
     state = state_of(request)
     tm = state.engine()
     args = state.args
+    # NOTE: the path or id the user gave (clients such as SGLang's frontend pick a chat
+    # template from it), not the folder a GGUF was converted into.
+    # (tm.model_path follows weight updates; without --model-path it is the folder the
+    # packaged default GGUF was converted into.)
+    model_path = (tm.model_path if tm.model_path != tm.model_dir
+                  else _default_model_path(tm.model_dir))
     return JSONResponse({
-        "model_path": tm.model_path,
-        "tokenizer_path": args.tokenizer_path or tm.model_dir,
+        "model_path": model_path,
+        "tokenizer_path": args.tokenizer_path or model_path,
         "served_model_name": state.model_name,
         "is_generation": True,
         "chat_template": state.chat_template.name if state.chat_template else None,
@@ -203,6 +212,15 @@ async def get_model_info(request: Request) -> Response:
         "has_video_understanding": tm.mm_processor.video_token is not None,
         **tm.model_info,
     })
+
+
+def _default_model_path(fallback: str) -> str:
+    from radixlm.model_loader.default_model import default_model_path
+
+    try:
+        return default_model_path()
+    except FileNotFoundError:
+        return fallback
 
 
 @router.get("/get_server_info")

@@ -94,6 +94,10 @@ class Scheduler:
             self._fail(req, f"Request needs more KV slots than the pool has "
                        f"({self.kv.kv_pool.size}); raise --max-total-tokens")
             return
+        limit = self.args.max_queued_requests
+        if limit is not None and len(self.waiting) + self.num_compiling >= limit:
+            self._fail(req, "The request queue is full.", status_code=503)  # SGLang's words
+            return
         if req.grammar_key is not None:
             if self.grammars is None:
                 self._fail(req, "Grammar-constrained decoding is disabled on this server")

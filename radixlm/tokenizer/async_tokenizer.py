@@ -20,6 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from radixlm.tokenizer.validation import prompt_too_long
+
 T = TypeVar("T")
 
 NUM_WORKERS = 2
@@ -44,8 +46,7 @@ class AsyncTokenizer:
         """Raise ValueError if `text` provably has `max_tokens` tokens or more."""
         at_least = self.min_num_tokens(text)
         if at_least >= max_tokens:
-            raise ValueError(f"The prompt has at least {at_least} tokens, more than the "
-                             f"model's context length ({max_tokens}) allows")
+            raise ValueError(prompt_too_long(at_least, max_tokens, at_least=True))
 
     async def encode(self, text: str, add_special_tokens: bool = True,
                      max_tokens: int | None = None) -> list[int]:

@@ -65,7 +65,7 @@ from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
 from radixlm.tokenizer.generate_output import GenerateOutput, LogprobItem
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput, check_dimensions, tokenize_pooling
 from radixlm.tokenizer.request_input import GenerateReqInput, SingleReq
-from radixlm.tokenizer.validation import validate_request
+from radixlm.tokenizer.validation import prompt_too_long, validate_request
 from radixlm.utils import PortArgs
 
 logger = logging.getLogger(__name__)
@@ -297,8 +297,7 @@ class TokenizerManager:
         if single.input_ids is not None:
             input_ids = single.input_ids
             if len(input_ids) >= context_len:  # media only add tokens: refuse it now
-                raise ValueError(f"The prompt has {len(input_ids)} tokens, more than the "
-                                 f"model's context length ({context_len}) allows")
+                raise ValueError(prompt_too_long(len(input_ids), context_len))
         else:
             assert single.text is not None
             input_ids = await self.tokenizer_workers.encode(single.text, max_tokens=context_len)

@@ -13,6 +13,13 @@ from radixlm.tokenizer.request_input import SingleReq
 MAX_TOP_LOGPROBS = 100
 
 
+def prompt_too_long(num_tokens: int, context_len: int, at_least: bool = False) -> str:
+    """The error for a prompt past the context, in SGLang's words (clients match on them)."""
+    size = f"at least {num_tokens}" if at_least else str(num_tokens)
+    return (f"The input ({size} tokens) is longer than the model's context length "
+            f"({context_len} tokens).")
+
+
 def validate_request(
     single: SingleReq,
     input_ids: list[int],
@@ -41,14 +48,14 @@ def validate_request(
     params.verify(vocab_size)
     params.verify_grammar(grammar_backend)
     if len(input_ids) >= context_len:
-        raise ValueError(
-            f"The prompt has {len(input_ids)} tokens, more than the model's context length "
-            f"({context_len}) allows"
-        )
+        raise ValueError(prompt_too_long(len(input_ids), context_len))
     if len(input_ids) + params.max_new_tokens > context_len:
+        # SGLang's opening words (clients match on them), then the numbers.
         raise ValueError(
-            f"The prompt ({len(input_ids)} tokens) plus max_new_tokens "
-            f"({params.max_new_tokens}) exceeds the context length ({context_len})"
+            f"max_completion_tokens is too large: {params.max_new_tokens}. This model "
+            f"supports at most {context_len - len(input_ids)} completion tokens for this "
+            f"prompt (the model's context length is {context_len} tokens, and the prompt "
+            f"has {len(input_ids)})."
         )
     if single.logprob_start_len < -1:
         raise ValueError("logprob_start_len must be >= 0 (or -1 for none)")

@@ -37,6 +37,7 @@ from radixlm.entrypoints.server_state import ServerState
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
 from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.request_input import GenerateReqInput
+from radixlm.tokenizer.validation import prompt_too_long
 
 
 def tokenize_prompts(prompt: Any, workers: AsyncTokenizer, context_len: int
@@ -56,8 +57,7 @@ def tokenize_prompts(prompt: Any, workers: AsyncTokenizer, context_len: int
         prompt = [prompt]
     for ids in prompt:
         if len(ids) >= context_len:  # before decoding it
-            raise ValueError(f"The prompt has {len(ids)} tokens, more than the model's "
-                             f"context length ({context_len}) allows")
+            raise ValueError(prompt_too_long(len(ids), context_len))
     return [(_safe_decode(tokenizer, ids), list(ids)) for ids in prompt]
 
 
