@@ -84,6 +84,7 @@ class TokenizedGenerateReq:
     pooling: PoolingParams | None = None
     # Batch API traffic: admitted after online requests, retracted before them.
     background: bool = False
+    return_hidden_states: bool = False
 
 
 @dataclass
@@ -194,6 +195,9 @@ class TokenOut:
     output_top_logprobs: list[list[LogprobEntry]] | None = None
     input_token_logprobs: list[LogprobEntry | None] | None = None  # sent once
     input_top_logprobs: list[list[LogprobEntry] | None] | None = None
+    # With return_hidden_states: the final hidden states of the positions computed since
+    # the previous TokenOut (from position 0: the prompt's come first).
+    hidden_states: list[list[float]] | None = None
 
 
 @dataclass

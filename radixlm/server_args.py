@@ -61,6 +61,9 @@ class ServerArgs:
     incremental_streaming_output: bool = _opt(
         False, "Native /generate stream events and Engine stream chunks carry only what is "
         "new (text, output_ids, logprobs) instead of everything so far.")
+    enable_return_hidden_states: bool = _opt(
+        False, "Let requests ask for return_hidden_states (the final hidden state of every "
+        "token, as SGLang returns them).")
     disable_cpu_prepack: bool = _opt(False, "Use F.linear instead of oneDNN-packed weights "
                                      "on the CPU.")
     attention_backend: str = _opt("auto", "auto (cpu_paged on the CPU when its kernels build, "

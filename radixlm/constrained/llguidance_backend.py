@@ -128,6 +128,10 @@ class LLGuidanceBackend(BaseGrammarBackend):
 def _structural_tag_grammar(text: str) -> str:
     """SGLang's {"structures": [{"begin", "schema", "end"}], "triggers": [...]} as llguidance tags."""
     spec = json.loads(text)
+    if "structures" not in spec or "triggers" not in spec:
+        raise GrammarError("Failed to compile structural_tag grammar: the llguidance backend "
+                           "takes SGLang's structures/triggers form; xgrammar's format form "
+                           "needs --grammar-backend xgrammar")
     tags = []
     for structure in spec["structures"]:
         triggers = [t for t in spec["triggers"] if structure["begin"].startswith(t)]

@@ -89,6 +89,7 @@ class Engine:
         rid: str | list[str] | None = None,
         image_data: Any = None,
         video_data: Any = None,
+        return_hidden_states: bool | list[bool] = False,
     ) -> Any:
         """Generate for one prompt (returns a dict) or a batch (a list, one per sample).
 
@@ -99,7 +100,7 @@ class Engine:
             text=prompt, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
             return_logprob=return_logprob, logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num, stream=stream, image_data=image_data,
-            video_data=video_data,
+            video_data=video_data, return_hidden_states=return_hidden_states,
         )
         obj.default_prompt_logprobs()
         if stream:

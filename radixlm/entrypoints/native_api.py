@@ -64,6 +64,7 @@ class GenerateRequest(StrictModel):
     logprob_start_len: int | list[int] | None = None
     top_logprobs_num: int | list[int] | None = None
     return_text_in_logprobs: bool = True
+    return_hidden_states: bool | list[bool] = False
     stream: bool = False
     # Sources as strings, nested per prompt and per video: see request_input.py. A wrong
     # shape or type is a 400 from the media loader, which names the problem.

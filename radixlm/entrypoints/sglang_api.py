@@ -62,7 +62,8 @@ def _prompts(req: ScoringRequest) -> list[str] | list[list[int]]:
         raise APIError("query and items must both be text or both be token ids", param="items")
     if as_text:
         return [f"{i}{query}" if req.item_first else f"{query}{i}" for i in items]
-    return [list(i) + list(query) if req.item_first else list(query) + list(i) for i in items]
+    query_ids: list[int] = list(query)  # type: ignore[arg-type]
+    return [list(i) + query_ids if req.item_first else query_ids + list(i) for i in items]
 
 
 def _labels(req: ScoringRequest, num_items: int, vocab_size: int) -> list[list[int]]:
@@ -99,6 +100,12 @@ def _scores(logprobs: list[float], apply_softmax: bool, temperature: float) -> l
     return [w / total for w in weights]
 
 
+def _label_logprob(entries: list[Any] | None) -> float:
+    """The logprob of the label, the last prompt token (-inf if it has none)."""
+    last = entries[-1] if entries else None
+    return float(last[0]) if last is not None and last[0] is not None else -math.inf
+
+
 @router.post("/v1/score")
 async def score(request: Request) -> Response:
     state = state_of(request)
@@ -125,7 +132,7 @@ async def score(request: Request) -> Response:
         return_text_in_logprobs=False,
     )
     outs = sorted(await collect(request, tm.generate(obj)), key=lambda o: o.index)
-    logprobs = [float((o.input_token_logprobs or [[-math.inf]])[-1][0]) for o in outs]
+    logprobs = [_label_logprob(o.input_token_logprobs) for o in outs]
     scores: list[list[float]] = []
     token_logprobs: list[list[float]] = []
     start = 0

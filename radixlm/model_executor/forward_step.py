@@ -86,6 +86,7 @@ class StepItem:
     mm_inputs: MultimodalInputs | None = None
     # A pooling model's request: what its vector (or label logits) is made of.
     pooling: PoolingParams | None = None
+    return_hidden_states: bool = False  # report the final hidden state of every token
 
     @property
     def extend_len(self) -> int:
@@ -140,3 +141,7 @@ class StepResult(NamedTuple):
     # A pooling model's step, per item: the vector of an item that completed its
     # prompt (its sampled row), else None; None for a generating model.
     embeddings: list[list[float] | None] | None = None
+    # Per item that set return_hidden_states: the model's final (normed) hidden state of
+    # each of its tokens this step, as float lists [extend_len][hidden]; None for the
+    # others, and None altogether when no item asked.
+    hidden_states: list[list[list[float]] | None] | None = None

@@ -157,7 +157,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[batch.logits_indices])  # [M, V]
         next_ids, token_lps, top_lps = self._sample(step, logits, layout.sample_rows)
         return StepResult(next_ids, token_lps, top_lps,
-                          self._prompt_logprobs(step, logits, layout.prompt_rows))
+                          self._prompt_logprobs(step, logits, layout.prompt_rows),
+                          hidden_states=_hidden_states(step, hidden))
 
     def _build_batch(self, step: ForwardStep) -> tuple[ForwardBatch, _LogitsLayout]:
         input_ids: list[int] = []
@@ -341,6 +342,20 @@ class _LogitsLayout(NamedTuple):
 
     sample_rows: list[int]  # logits row of each sampled row, in step order
     prompt_rows: list[tuple[int, int] | None]  # per item: [start, end) of its prompt logprobs
+
+
+def _hidden_states(step: ForwardStep, hidden: torch.Tensor
+                   ) -> list[list[list[float]] | None] | None:
+    """The rows of hidden [T, hidden] of each item that asked for them, as float lists."""
+    if not any(item.return_hidden_states for item in step.items):
+        return None
+    out: list[list[list[float]] | None] = []
+    offset = 0
+    for item in step.items:
+        end = offset + item.extend_len
+        out.append(hidden[offset:end].float().tolist() if item.return_hidden_states else None)
+        offset = end
+    return out
 
 
 def _mm_inputs(mm: list[MultimodalInputs | None]) -> list[MultimodalInputs | None] | None:

@@ -127,6 +127,9 @@ class OutputProcessor:
                 out.input_token_logprobs = req.input_token_logprobs
                 out.input_top_logprobs = req.input_top_logprobs
                 req.input_logprobs_sent = True
+        if req.return_hidden_states:
+            out.hidden_states = req.hidden_states[req.num_sent_hidden_states :]
+            req.num_sent_hidden_states = len(req.hidden_states)
         req.num_sent_tokens = req.num_output_tokens
         req.num_steps_since_send = 0
         return out

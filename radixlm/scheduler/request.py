@@ -37,6 +37,11 @@ class Req:
         self.logprob_start_len = tokenized.logprob_start_len  # None: no prompt logprobs
         self.top_logprobs_num = tokenized.top_logprobs_num
         self.stream = tokenized.stream
+        self.return_hidden_states = tokenized.return_hidden_states
+        # With return_hidden_states: the final hidden state of positions [0, len), one
+        # per token whose KV was computed (kept across retraction; cut by a jump).
+        self.hidden_states: list[list[float]] = []
+        self.num_sent_hidden_states = 0
         self.group_id = tokenized.group_id
         self.mm_inputs: MultimodalInputs | None = tokenized.mm_inputs
         self.seed = tokenized.seed  # the runner keeps the RNG it seeds, under rid
@@ -134,7 +139,8 @@ class Req:
 
         The last prompt token is always recomputed (its logits start the
         output); with prompt logprobs, the logits from `logprob_start_len - 1`
-        on are needed, so the hit stops there.
+        on are needed, so the hit stops there; with hidden states, at the first
+        position whose hidden state is not recorded yet.
         """
         if self.whole_prompt:
             return 0
@@ -142,6 +148,8 @@ class Req:
         if self.wants_input_logprobs:
             assert self.logprob_start_len is not None
             limit = min(limit, max(self.logprob_start_len - 1, 0))
+        if self.return_hidden_states:
+            limit = min(limit, len(self.hidden_states))  # a cache hit has no hidden states
         return max(limit, 0)
 
     @property
@@ -178,6 +186,12 @@ class Req:
         assert self.input_token_logprobs is not None and self.input_top_logprobs is not None
         self.input_token_logprobs.extend(token_logprobs)
         self.input_top_logprobs.extend(top_logprobs)
+
+    def add_hidden_states(self, prefix_len: int, rows: list[list[float]]) -> None:
+        """The hidden states of positions [prefix_len, prefix_len + len(rows)); positions
+        already recorded (a retracted request recomputing them) are skipped."""
+        skip = len(self.hidden_states) - prefix_len
+        self.hidden_states.extend(rows[max(skip, 0):])
 
     def reset_memory_state(self) -> None:
         """Forget KV bookkeeping after the KVManager released this request."""

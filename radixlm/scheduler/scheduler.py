@@ -319,6 +319,8 @@ class Scheduler:
                 req.add_input_logprobs(prompt_lps.token_logprobs, prompt_lps.top_logprobs)
             if result.embeddings is not None and item.num_sample_rows:
                 req.embedding = result.embeddings[i]
+            if result.hidden_states is not None and result.hidden_states[i] is not None:
+                req.add_hidden_states(item.prefix_len, result.hidden_states[i] or [])
             if item.num_sample_rows and not req.finished:
                 self._accept(req, result, row)
             row += item.num_sample_rows
@@ -377,6 +379,7 @@ class Scheduler:
         if not swap_tokens(req.grammar, req.output_tail(jump.num_keep), jump.new_ids):
             return
         self.kv.truncate(req, min(req.kv_len, req.num_prompt_tokens + jump.num_keep))
+        del req.hidden_states[max(req.kv_len, req.num_sent_hidden_states):]
         req.replace_output_tail(jump.num_keep, jump.new_ids)
         req.finished_reason = self.output.check_length_and_stop_strings(req, len(jump.new_ids))
 

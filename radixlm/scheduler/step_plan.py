@@ -72,6 +72,7 @@ class ScheduledReq:
             prompt_logprobs=prompt_lps,
             mm_inputs=mm,
             pooling=req.pooling,
+            return_hidden_states=req.return_hidden_states,
         )
 
 

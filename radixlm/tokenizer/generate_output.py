@@ -46,6 +46,9 @@ class GenerateOutput:
     output_top_logprobs: list[list[LogprobItem]] | None = None
     input_token_logprobs: list[LogprobItem | None] | None = None
     input_top_logprobs: list[list[LogprobItem] | None] | None = None
+    # With return_hidden_states: the final hidden states of the positions computed since
+    # the previous output, in position order from 0 (the prompt's first).
+    hidden_states: list[list[float]] | None = None
 
     @property
     def finished(self) -> bool:
@@ -86,11 +89,17 @@ class SampleDicts:
         self.text = ""
         self.token_ids: list[int] = []
         self.logprobs: dict[str, Any] = {}
+        self.hidden_states: list[list[float]] = []
+        self.num_hidden_seen = 0  # positions whose hidden states arrived so far
 
     def add(self, out: GenerateOutput) -> dict[str, Any]:
         if self.incremental:
             meta = out.counts()
             meta.update(_logprob_fields(out))
+            if out.hidden_states is not None:
+                meta["hidden_states"] = sglang_hidden_states(
+                    out.hidden_states, self.num_hidden_seen, out.prompt_tokens)
+                self.num_hidden_seen += len(out.hidden_states)
             return {"index": out.index, "text": out.text, "delta": out.text,
                     "output_ids": out.token_ids, "meta_info": meta}
         self.text += out.text
@@ -101,6 +110,10 @@ class SampleDicts:
             else:
                 self.logprobs[key] = value
         meta = out.counts()
+        if out.hidden_states is not None:
+            self.hidden_states.extend(out.hidden_states)
+            meta["hidden_states"] = sglang_hidden_states(self.hidden_states, 0,
+                                                         out.prompt_tokens)
         ids = self.token_ids
         if self.copy:
             ids = list(ids)
@@ -122,8 +135,19 @@ def _logprob_fields(out: GenerateOutput) -> dict[str, Any]:
     return fields
 
 
+def sglang_hidden_states(rows: list[list[float]], first_pos: int, num_prompt: int
+                         ) -> list[Any]:
+    """Hidden states in SGLang's shape: the prompt positions' rows as one list (they come
+    from one prefill), then one row per later position (each decode step's input)."""
+    split = min(max(num_prompt - first_pos, 0), len(rows))
+    prompt: list[Any] = [rows[:split]] if split else []
+    return prompt + rows[split:]
+
+
 def final_dict(out: GenerateOutput) -> dict[str, Any]:
     """The result of a finished non-streaming sample (its one output holds everything)."""
     meta = out.counts()
     meta.update(_logprob_fields(out))
+    if out.hidden_states is not None:
+        meta["hidden_states"] = sglang_hidden_states(out.hidden_states, 0, out.prompt_tokens)
     return {"index": out.index, "text": out.text, "output_ids": out.token_ids, "meta_info": meta}

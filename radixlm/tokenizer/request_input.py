@@ -33,6 +33,7 @@ class SingleReq:
     top_logprobs_num: int = 0
     stream: bool = False
     return_text_in_logprobs: bool = True
+    return_hidden_states: bool = False
     image_data: list[Any] | None = None  # image sources, in placeholder order
     video_data: list[Any] | None = None  # videos: a list of frames or a file source each
 
@@ -48,6 +49,7 @@ class GenerateReqInput:
     top_logprobs_num: int | list[int] | None = None
     stream: bool = False
     return_text_in_logprobs: bool = True
+    return_hidden_states: bool | list[bool] = False
     image_data: Any = None
     video_data: Any = None
 
@@ -88,6 +90,7 @@ class GenerateReqInput:
         logprob = _per_prompt(self.return_logprob, n, "return_logprob", bool)
         starts = _per_prompt(self.logprob_start_len, n, "logprob_start_len", int)
         tops = _per_prompt(self.top_logprobs_num, n, "top_logprobs_num", int)
+        hidden = _per_prompt(self.return_hidden_states, n, "return_hidden_states", bool)
         images = _per_prompt_media(self.image_data, n, self.is_batch, "image_data")
         videos = _per_prompt_media(self.video_data, n, self.is_batch, "video_data")
         out = []
@@ -104,6 +107,7 @@ class GenerateReqInput:
                     top_logprobs_num=tops[i] if tops and tops[i] is not None else 0,
                     stream=self.stream,
                     return_text_in_logprobs=self.return_text_in_logprobs,
+                    return_hidden_states=bool(hidden[i]) if hidden else False,
                     image_data=images[i],
                     video_data=videos[i],
                 )

@@ -127,6 +127,7 @@ class _SampleState:
     first_token_time: float | None = None
     # A non-streaming sample's output so far, joined into its one output at the end.
     text_parts: list[str] = field(default_factory=list)
+    hidden_states: list[list[float]] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     output_token_logprobs: list[LogprobItem] = field(default_factory=list)
     output_top_logprobs: list[list[LogprobItem]] = field(default_factory=list)
@@ -292,6 +293,9 @@ class TokenizerManager:
 
     async def _prepare(self, single: SingleReq
                        ) -> tuple[list[int], SamplingParams, MultimodalInputs | None]:
+        if single.return_hidden_states and not self.args.enable_return_hidden_states:
+            raise ValueError("return_hidden_states needs a server started with "
+                             "--enable-return-hidden-states")
         vocab_size = self.model_info.get("vocab_size", len(self.tokenizer))
         context_len = self.model_info.get("context_length", 1 << 30)
         if single.input_ids is not None:
@@ -342,6 +346,7 @@ class TokenizerManager:
                 return_logprob=single.return_logprob, logprob_start_len=logprob_start_len,
                 top_logprobs_num=single.top_logprobs_num, stream=single.stream,
                 group_id=group, seed=seed, mm_inputs=mm_inputs, background=_BACKGROUND.get(),
+                return_hidden_states=single.return_hidden_states,
             ))
 
     async def _merge(self, states: list[_SampleState], stream: bool
@@ -472,6 +477,7 @@ class TokenizerManager:
             created=state.created,
             first_token_time=state.first_token_time,
             e2e_latency=time.monotonic() - state.created,
+            hidden_states=tok.hidden_states,
         )
         if state.return_logprob:
             self._add_logprobs(out, tok, state)
@@ -565,6 +571,8 @@ def _accumulate(state: _SampleState, out: GenerateOutput) -> None:
     state.token_ids.extend(out.token_ids)
     state.output_token_logprobs.extend(out.output_token_logprobs or [])
     state.output_top_logprobs.extend(out.output_top_logprobs or [])
+    if out.hidden_states is not None:
+        state.hidden_states.extend(out.hidden_states)
     if out.input_token_logprobs is not None:
         state.input_token_logprobs = out.input_token_logprobs
         state.input_top_logprobs = out.input_top_logprobs
@@ -574,6 +582,8 @@ def _joined(state: _SampleState, last: GenerateOutput) -> GenerateOutput:
     """A non-streaming sample's one output: everything it produced, with the last counts."""
     last.text = "".join(state.text_parts)
     last.token_ids = state.token_ids
+    if last.hidden_states is not None:
+        last.hidden_states = state.hidden_states
     if state.return_logprob:
         last.output_token_logprobs = state.output_token_logprobs
         last.output_top_logprobs = state.output_top_logprobs

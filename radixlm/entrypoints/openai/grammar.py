@@ -8,6 +8,8 @@ fields, translated to the runtime's one grammar sampling parameter.
     response_format {"type": "structural_tag",   → structural_tag json.dumps(
         "structures": [{"begin", "schema", "end"}], "triggers": [str]}
                                                       {"structures", "triggers"})
+    response_format {"type": "structural_tag",   → structural_tag json.dumps(
+        "format": {...}}  (xgrammar's newer form)     {"type": "structural_tag", "format"})
     regex, ebnf                                  → the same-named parameter
     json_schema (JSON text or an object)         → json_schema (an object is dumped)
 
@@ -56,6 +58,8 @@ class ResponseFormat(StrictModel):
     json_schema: JsonSchemaFormat | None = None
     structures: list[Structure] | None = None
     triggers: list[str] | None = None
+    # xgrammar's newer structural tag: {"type": "triggered_tags" | "tag" | ..., ...}
+    format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ResponseFormat:
@@ -63,8 +67,14 @@ class ResponseFormat(StrictModel):
                                            or self.json_schema.schema_ is None):
             raise ValueError('type "json_schema" needs a "json_schema" object with a "schema" '
                              '(the JSON schema of the reply)')
-        if self.type == "structural_tag" and (self.structures is None or self.triggers is None):
-            raise ValueError('type "structural_tag" needs "structures" and "triggers"')
+        if self.type == "structural_tag":
+            old_form = self.structures is not None or self.triggers is not None
+            if self.format is not None and old_form:
+                raise ValueError('type "structural_tag" takes either "format" or '
+                                 '"structures" and "triggers", not both')
+            if self.format is None and (self.structures is None or self.triggers is None):
+                raise ValueError('type "structural_tag" needs a "format" object (xgrammar\'s '
+                                 'structural tag) or "structures" and "triggers"')
         return self
 
     @property
@@ -75,6 +85,9 @@ class ResponseFormat(StrictModel):
         if self.type == "json_schema":
             assert self.json_schema is not None  # checked in _check
             return "json_schema", json.dumps(self.json_schema.schema_)
+        if self.type == "structural_tag" and self.format is not None:
+            return "structural_tag", json.dumps({"type": "structural_tag",
+                                                 "format": self.format})
         if self.type == "structural_tag":
             assert self.structures is not None
             structures = [s.model_dump(by_alias=True) for s in self.structures]

@@ -81,6 +81,7 @@ class _SamplingRequest(StrictModel):
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     rid: str | None = None
+    return_hidden_states: bool = False  # SGLang's: per choice, the last hidden state
     # Constrained decoding (see grammar.py): at most one of these
     response_format: ResponseFormat | None = None
     regex: str | None = None

@@ -34,6 +34,7 @@ from radixlm.entrypoints.openai.protocol import (
 )
 from radixlm.entrypoints.openai.tools import ChoiceParser, ToolPlan, plan_tools
 from radixlm.entrypoints.openai.utils import (
+    LastHiddenStates,
     batch_rids,
     chat_logprobs,
     finish_fields,
@@ -87,6 +88,7 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJo
         rid=batch_rids(req.rid, "chatcmpl", 1)[0], return_logprob=req.logprobs,
         top_logprobs_num=req.top_logprobs or 0, stream=req.stream,
         image_data=prompt.image_data or None, video_data=prompt.video_data or None,
+        return_hidden_states=req.return_hidden_states,
     )
     return ChatJob(obj, tools, reasoner if req.separate_reasoning else None)
 
@@ -120,6 +122,7 @@ class _Translator:
         self.created = int(time.time())
         self.latest: dict[int, GenerateOutput] = {}  # each choice's latest output (usage)
         self.parsers: dict[int, ChoiceParser] = {}  # per choice, when streaming
+        self.hidden = LastHiddenStates()
 
     def response(self, outs: list[GenerateOutput]) -> dict[str, Any]:
         choices = []
@@ -137,9 +140,14 @@ class _Translator:
                 index=out.index, message=message, logprobs=logprobs,
                 finish_reason=finish_reason(finish, bool(parsed.tool_calls)),
                 matched_stop=matched))
+            self.hidden.add(out)
         usage = make_usage({o.index: o for o in outs}, self.req.n)
-        return ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
+        body = ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
                                       choices=choices, usage=usage).model_dump()
+        if self.req.return_hidden_states:
+            for choice, out in zip(body["choices"], outs):
+                choice["hidden_states"] = self.hidden.of(out)
+        return body
 
     def _chunk(self, choices: list[dict[str, Any]], usage: Any = None) -> bytes:
         return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -159,6 +167,7 @@ class _Translator:
         events = []
         first_seen = out.index not in self.latest
         self.latest[out.index] = out
+        self.hidden.add(out)
         usage = make_usage(self.latest, self.req.n) if self.req.continuous_usage else None
         if first_seen:
             events.append(self._chunk([self._choice(out.index,
@@ -185,7 +194,12 @@ class _Translator:
         return events
 
     def tail(self) -> list[bytes]:
-        """After the last output: the usage chunk, when asked for."""
-        if not self.req.include_usage:
-            return []
-        return [self._chunk([], make_usage(self.latest, self.req.n))]
+        """After the last output: each choice's hidden states (SGLang sends them in a
+        chunk of their own) and the usage chunk, when asked for."""
+        events = []
+        if self.req.return_hidden_states:
+            events = [self._chunk([{**self._choice(i, {}), "hidden_states": self.hidden.of(o)}])
+                      for i, o in sorted(self.latest.items())]
+        if self.req.include_usage:
+            events.append(self._chunk([], make_usage(self.latest, self.req.n)))
+        return events

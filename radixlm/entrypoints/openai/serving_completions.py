@@ -27,6 +27,7 @@ from radixlm.entrypoints.openai.protocol import (
 )
 from radixlm.entrypoints.openai.utils import (
     CompletionLogprobsBuilder,
+    LastHiddenStates,
     batch_rids,
     finish_fields,
     make_usage,
@@ -86,6 +87,7 @@ async def create_completion(request: Request, state: ServerState) -> Response:
         logprob_start_len=0 if req.echo and want_logprobs else None,
         top_logprobs_num=req.logprobs or 0,
         stream=req.stream,
+        return_hidden_states=req.return_hidden_states,
     )
     translator = _Translator(req, prompts, tm.tokenizer, state.model_name)
     if not req.stream:
@@ -108,6 +110,7 @@ class _Translator:
         self.want_logprobs = req.logprobs is not None
         self.latest: dict[int, GenerateOutput] = {}  # each choice's latest output (usage)
         self.builders: dict[int, CompletionLogprobsBuilder] = {}  # per choice, for offsets
+        self.hidden = LastHiddenStates()
 
     def _prompt_of(self, index: int) -> tuple[str, list[int]]:
         return self.prompts[index // self.req.n]
@@ -125,9 +128,14 @@ class _Translator:
             text = prompt_text + out.text if self.req.echo else out.text
             choices.append(CompletionChoice(index=out.index, text=text, logprobs=logprobs,
                                             finish_reason=finish, matched_stop=matched))
+            self.hidden.add(out)
         usage = make_usage({o.index: o for o in outs}, self.req.n)
-        return CompletionResponse(id=self.id, created=self.created, model=self.model,
+        body = CompletionResponse(id=self.id, created=self.created, model=self.model,
                                   choices=choices, usage=usage).model_dump()
+        if self.req.return_hidden_states:
+            for choice, out in zip(body["choices"], outs):
+                choice["hidden_states"] = self.hidden.of(out)
+        return body
 
     def _chunk(self, choices: list[dict[str, Any]], usage: Any = None) -> bytes:
         return sse({"id": self.id, "object": "text_completion", "created": self.created,
@@ -140,6 +148,7 @@ class _Translator:
         index = out.index
         first_seen = index not in self.latest
         self.latest[index] = out
+        self.hidden.add(out)
         text = out.text
         prompt_text, prompt_ids = self._prompt_of(index)
         if first_seen and self.req.echo:
@@ -159,7 +168,13 @@ class _Translator:
             matched_stop=matched).model_dump()], usage)]
 
     def tail(self) -> list[bytes]:
-        """After the last output: the usage chunk, when asked for."""
-        if not self.req.include_usage:
-            return []
-        return [self._chunk([], make_usage(self.latest, self.req.n))]
+        """After the last output: each choice's hidden states (SGLang sends them in a
+        chunk of their own) and the usage chunk, when asked for."""
+        events = []
+        if self.req.return_hidden_states:
+            events = [self._chunk([{"index": i, "text": "", "logprobs": None,
+                                    "finish_reason": None, "hidden_states": self.hidden.of(o)}])
+                      for i, o in sorted(self.latest.items())]
+        if self.req.include_usage:
+            events.append(self._chunk([], make_usage(self.latest, self.req.n)))
+        return events

@@ -43,6 +43,25 @@ def finish_fields(out: GenerateOutput) -> tuple[str | None, str | int | None]:
     return reason.type, reason.matched
 
 
+class LastHiddenStates:
+    """SGLang's `hidden_states` of OpenAI choices: the final hidden state of the last
+    position computed after the prompt (`[]` when only the prompt's were), per choice."""
+
+    def __init__(self) -> None:
+        self.num_rows: dict[int, int] = {}
+        self.last: dict[int, list[float]] = {}
+
+    def add(self, out: GenerateOutput) -> None:
+        rows = out.hidden_states
+        if rows:
+            self.num_rows[out.index] = self.num_rows.get(out.index, 0) + len(rows)
+            self.last[out.index] = rows[-1]
+
+    def of(self, out: GenerateOutput) -> list[float]:
+        num = self.num_rows.get(out.index, 0)
+        return self.last[out.index] if num > out.prompt_tokens else []
+
+
 def make_usage(outs: dict[int, GenerateOutput], n: int) -> Usage:
     """Usage over all choices (each choice's latest output); a prompt (and its cached
     part) counts once, not n times; completion_tokens_details.jump_forward_tokens is
