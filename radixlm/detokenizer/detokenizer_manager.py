@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 import zmq
 
 from radixlm.detokenizer.incremental_detokenizer import DecodeState, IncrementalDetokenizer
-from radixlm.detokenizer.stop_regex import safe_regex_stream_len, trim_at_regex
 from radixlm.detokenizer.stop_strings import safe_stream_len, trim_at_stop
 from radixlm.io_struct import BatchStrOut, BatchTokenIDOut, ProcessError, StrOut, TokenOut
+from radixlm.sampling.stop_regex import safe_regex_stream_len, trim_at_regex
 from radixlm.utils import PortArgs, configure_logging, parent_alive
 
 if TYPE_CHECKING:

@@ -162,7 +162,7 @@ def test_abort_all_ends_requests_with_abort(tokenizer: Any) -> None:
      ["fake-model has no vision support"]),
     ("/generate", {"text": "hi", "sampling_params": {"bogus": 1}}, ["bogus"]),
     ("/generate", {"text": "hi", "input_ids": [1]}, ["Exactly one"]),
-    ("/generate", {"txt": "hi"}, ["txt"]),
+    ("/generate", {"txt": "hi"}, ["text", "input_ids"]),  # an unknown field is ignored
     ("/generate", {"text": "hi", "image_data": "http://x/y.png"},
      ["fake-model has no vision support"]),
     ("/generate", {"text": "hi", "video_data": [["a.png"]]}, ["no vision support", "video"]),

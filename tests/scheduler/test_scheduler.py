@@ -275,3 +275,19 @@ def test_a_row_without_a_valid_distribution_fails_its_request_alone() -> None:
     assert "no valid next-token distribution" in reason.message  # type: ignore[attr-defined]
     assert tokens["nan"] == []
     assert tokens["a"] == tokens["b"] == expected([5, 6, 7], 8)
+
+
+def test_a_full_waiting_queue_refuses_new_requests_with_503() -> None:
+    s = make_scheduler(max_queued_requests=2)
+    for rid in ("a", "b", "c"):
+        submit(s, rid, [5, 6, 7])
+    assert [r.rid for r in s.waiting] == ["a", "b"]
+    refused = s.output.pending_finished
+    assert [r.rid for r in refused] == ["c"]
+    reason = refused[0].finished_reason
+    assert reason is not None and reason.status_code == 503
+    assert reason.message == "The request queue is full."
+    s.step()  # a and b are admitted: the queue has room again
+    submit(s, "d", [5, 6, 7])
+    assert [r.rid for r in s.waiting] == ["d"]
+    assert set(run_all(s)) >= {"a", "b", "d"}

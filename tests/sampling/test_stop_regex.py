@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from radixlm.detokenizer.detokenizer_manager import DetokenizerManager
-from radixlm.detokenizer.stop_regex import (
+from radixlm.io_struct import BatchTokenIDOut, FinishReason, TokenOut
+from radixlm.sampling.stop_regex import (
     check_stop_regexes,
     find_first_regex,
     max_match_len,
@@ -21,7 +22,6 @@ from radixlm.detokenizer.stop_regex import (
     tail_tokens_needed,
     trim_at_regex,
 )
-from radixlm.io_struct import BatchTokenIDOut, FinishReason, TokenOut
 
 
 class CharTokenizer:
