@@ -24,6 +24,10 @@ MAX_STOP_REGEX_COUNT = 32  # patterns per request (SGLang's limit)
 # Tokens of output tail the scheduler decodes for a pattern without a length bound
 # (`\d+;`): a longer match is not found (SGLang decodes the whole output instead).
 MAX_TAIL_TOKENS = 256
+# Seconds one search may take (a pathological pattern must not stall the scheduler):
+# past it the scheduler ends the request, the detokenizer holds its text back.
+MATCH_TIMEOUT = 0.1
+_UNBOUNDED = int(sre_parse.MAXREPEAT)
 
 
 class RegexMatch(NamedTuple):
@@ -61,7 +65,7 @@ def max_match_len(pattern: str) -> int | None:
         bound = _max_len(sre_parse.parse(pattern))
     except Exception:  # noqa: BLE001 - a construct the stdlib parser lacks: no bound
         return None
-    return None if bound >= sre_parse.MAXREPEAT else bound
+    return None if bound >= _UNBOUNDED else bound
 
 
 def _max_len(subpattern: Any) -> int:
@@ -75,18 +79,18 @@ def _max_len(subpattern: Any) -> int:
             total += max((_max_len(b) for b in value[1]), default=0)
         elif op in (sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT, sre_parse.POSSESSIVE_REPEAT):
             _, high, inner = value
-            if high == sre_parse.MAXREPEAT:
-                return sre_parse.MAXREPEAT
+            if high == _UNBOUNDED:
+                return _UNBOUNDED
             total += high * _max_len(inner)
         elif op == sre_parse.ATOMIC_GROUP:
             total += _max_len(value)
         elif op == sre_parse.GROUPREF_EXISTS:
             total += max(_max_len(value[1]), _max_len(value[2]) if value[2] else 0)
         elif op == sre_parse.GROUPREF:
-            return sre_parse.MAXREPEAT  # a back-reference: as long as its group, be safe
+            return _UNBOUNDED  # a back-reference: as long as its group, be safe
         # AT (anchors), ASSERT / ASSERT_NOT (lookarounds) consume nothing.
-        if total >= sre_parse.MAXREPEAT:
-            return sre_parse.MAXREPEAT
+        if total >= _UNBOUNDED:
+            return _UNBOUNDED
     return total
 
 
@@ -99,10 +103,11 @@ def tail_tokens_needed(patterns: list[str]) -> int:
 
 
 def find_first_regex(text: str, patterns: list[str], pos: int = 0) -> RegexMatch | None:
-    """The match that starts earliest in `text[pos:]` (the shortest on a tie), or None."""
+    """The match that starts earliest in `text[pos:]` (the shortest on a tie), or None.
+    Raises TimeoutError past MATCH_TIMEOUT."""
     best: RegexMatch | None = None
     for pattern in patterns:
-        m = compile_stop_regex(pattern).search(text, pos)
+        m = compile_stop_regex(pattern).search(text, pos, timeout=MATCH_TIMEOUT)
         if m is not None and (best is None or (m.start(), m.end()) < (best.start, best.end)):
             best = RegexMatch(m.start(), m.end(), pattern)
     return best
@@ -117,7 +122,11 @@ def safe_regex_stream_len(text: str, patterns: list[str], pos: int = 0) -> int:
     """
     safe = len(text)
     for pattern in patterns:
-        m = compile_stop_regex(pattern).search(text, pos, partial=True)
+        try:
+            m = compile_stop_regex(pattern).search(text, pos, partial=True,
+                                                   timeout=MATCH_TIMEOUT)
+        except TimeoutError:
+            return pos  # hold it all back; the scheduler ends the request
         if m is not None:
             safe = min(safe, m.start())
     return max(safe, pos)
@@ -126,7 +135,10 @@ def safe_regex_stream_len(text: str, patterns: list[str], pos: int = 0) -> int:
 def trim_at_regex(text: str, pattern: str, keep_match: bool) -> str:
     """`text` cut before the first match of `pattern` (after it with keep_match);
     unchanged if there is none."""
-    m = compile_stop_regex(pattern).search(text)
+    try:
+        m = compile_stop_regex(pattern).search(text, timeout=MATCH_TIMEOUT)
+    except TimeoutError:
+        return text
     if m is None:
         return text
     return text[: m.end()] if keep_match else text[: m.start()]

@@ -13,7 +13,7 @@ from typing import Any
 
 from radixlm.detokenizer.stop_strings import find_stop_string
 from radixlm.io_struct import EmbeddingOut, FinishReason, TokenOut
-from radixlm.sampling.stop_regex import find_first_regex, tail_tokens_needed
+from radixlm.sampling.stop_regex import MATCH_TIMEOUT, find_first_regex, tail_tokens_needed
 from radixlm.scheduler.pooling import embedding_out
 from radixlm.scheduler.request import Req
 from radixlm.server_args import ServerArgs
@@ -78,7 +78,11 @@ class OutputProcessor:
             req.output_tail(max(req.num_output_tokens - window, 0)),
             skip_special_tokens=params.skip_special_tokens,
         )
-        match = find_first_regex(tail, params.stop_regex)
+        try:
+            match = find_first_regex(tail, params.stop_regex)
+        except TimeoutError:
+            return FinishReason("abort", status_code=400, message=(
+                f"stop_regex took over {MATCH_TIMEOUT:g} s to search the output"))
         if match is None:
             return None
         return FinishReason("stop", matched=match.pattern, matched_regex=True)
