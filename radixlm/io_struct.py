@@ -172,6 +172,19 @@ class ProcessError:
 
 
 @dataclass
+class SpecCounts:
+    """What speculative decoding did for one request so far."""
+
+    verify_steps: int  # forward passes that verified a draft of it
+    draft_tokens: int  # tokens drafted
+    accepted_tokens: int  # drafted tokens that became output
+
+    @property
+    def accept_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+
+@dataclass
 class TokenOut:
     """New tokens of one request since the previous TokenOut for it."""
 
@@ -183,6 +196,7 @@ class TokenOut:
     cached_tokens: int
     forward_steps: int = 0  # forward passes the request took part in
     jump_forward_tokens: int = 0  # output tokens that jump-forward appended without sampling
+    spec: SpecCounts | None = None  # set when the server decodes speculatively
     # Decoding config, repeated on every message so the detokenizer keeps no
     # config state of its own beyond the incremental decode offsets.
     skip_special_tokens: bool = True

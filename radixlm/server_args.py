@@ -100,6 +100,24 @@ class ServerArgs:
         "qwen3 | qwen3-thinking. Grammars then start after the block ends.",
         choices=["deepseek-r1", "qwen3", "qwen3-thinking"])
 
+    # Speculative decoding
+    speculative_algorithm: str | None = _opt(
+        None, "NGRAM: greedy requests draft tokens from their own prompt and output (prompt "
+        "lookup) and the model verifies them inside the running batch; default: off.",
+        choices=["NGRAM"])
+    speculative_num_draft_tokens: int = _opt(4, "Most tokens a request drafts per step "
+                                             "(1-15; a step then computes 1 + K of its tokens).")
+    speculative_ngram_min_match_window_size: int = _opt(
+        1, "Shortest suffix of the sequence looked up for a draft.")
+    speculative_ngram_max_match_window_size: int = _opt(
+        4, "Longest suffix of the sequence looked up for a draft (longer matches first).")
+    speculative_disable_by_batch_size: int = _opt(
+        8, "No request drafts in a step with more decoding requests than this (a large "
+        "batch is compute-bound: drafted rows cost what they save).")
+    speculative_min_acceptance_rate: float = _opt(
+        0.3, "A request whose recent share of accepted drafted tokens falls below this "
+        "pauses drafting (16 output tokens, doubling each time).")
+
     # Multimodal input
     allowed_local_media_path: str | None = _opt(
         None, "Folder from which requests may load images and videos by local path "
@@ -154,6 +172,14 @@ class ServerArgs:
             raise ValueError("--max-total-tokens must be at least 2")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("--num-threads must be at least 1")
+        if not 1 <= self.speculative_num_draft_tokens <= 15:
+            raise ValueError("--speculative-num-draft-tokens must be in [1, 15]")
+        if not (1 <= self.speculative_ngram_min_match_window_size
+                <= self.speculative_ngram_max_match_window_size):
+            raise ValueError("--speculative-ngram-min-match-window-size must be at least 1 "
+                             "and at most --speculative-ngram-max-match-window-size")
+        if not 0.0 <= self.speculative_min_acceptance_rate <= 1.0:
+            raise ValueError("--speculative-min-acceptance-rate must be in [0, 1]")
         if self.media_fetch_timeout <= 0 or self.max_media_bytes < 1:
             raise ValueError("--media-fetch-timeout and --max-media-bytes must be positive")
         if self.file_storage_max_bytes < 1:

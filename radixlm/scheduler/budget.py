@@ -38,6 +38,11 @@ class StepBudget:
         self.num_tokens_left -= 1
         self.num_slots_left -= 1
 
+    def num_draft_rows(self, num_wanted: int) -> int:
+        """How many of `num_wanted` drafted tokens the step can still verify (each one is
+        a token computed and a KV slot, like any extend); take them with `extend`."""
+        return max(min(num_wanted, self.num_tokens_left, self.num_slots_left), 0)
+
     def can_extend(self, num_tokens: int) -> bool:
         return 0 < num_tokens <= self.num_slots_left
 

@@ -194,9 +194,14 @@ def build_vocab_mask(items: list[ScheduledReq], vocab_size: int) -> VocabMask | 
         if has_grammar:
             grammar = item.req.grammar
             assert grammar is not None
-            # NOTE: one row per request; drafted rows (speculative decoding) would need
-            # the grammar advanced along the draft for each further row.
-            grammar.fill_vocab_mask(bitmask, row)
-            rows.append(row)
+            # A drafted row is masked by the grammar as it would be after the draft up
+            # to it (the drafter checked that the grammar accepts the draft).
+            for i, token_id in enumerate([*item.draft_ids, None]):
+                grammar.fill_vocab_mask(bitmask, row + i)
+                rows.append(row + i)
+                if token_id is not None:
+                    grammar.accept_token(token_id)
+            if item.draft_ids:
+                grammar.rollback(len(item.draft_ids))
         row += item.num_sample_rows
     return VocabMask(bitmask, rows)

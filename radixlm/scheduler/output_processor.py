@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixlm.detokenizer.stop_strings import find_stop_string
-from radixlm.io_struct import EmbeddingOut, FinishReason, TokenOut
+from radixlm.io_struct import EmbeddingOut, FinishReason, SpecCounts, TokenOut
 from radixlm.sampling.stop_regex import MATCH_TIMEOUT, find_first_regex, tail_tokens_needed
 from radixlm.scheduler.pooling import embedding_out
 from radixlm.scheduler.request import Req
@@ -27,6 +27,7 @@ class OutputProcessor:
         self, args: ServerArgs, tokenizer: TokenDecoder, eos_token_ids: set[int], context_len: int
     ) -> None:
         self.stream_interval = args.stream_interval
+        self.reports_spec = args.speculative_algorithm is not None
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.context_len = context_len
@@ -118,6 +119,8 @@ class OutputProcessor:
             cached_tokens=req.num_cached_tokens or 0,
             forward_steps=req.num_forward_steps,
             jump_forward_tokens=req.num_jump_forward_tokens,
+            spec=SpecCounts(req.num_spec_verify_steps, req.num_spec_draft_tokens,
+                            req.num_spec_accepted_tokens) if self.reports_spec else None,
             skip_special_tokens=params.skip_special_tokens,
             spaces_between_special_tokens=params.spaces_between_special_tokens,
             stop=params.stop,

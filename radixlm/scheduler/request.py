@@ -25,6 +25,7 @@ from radixlm.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from radixlm.constrained.base_grammar_backend import BaseGrammarObject
+    from radixlm.speculative.ngram_drafter import SpecState
 
 
 class Req:
@@ -72,6 +73,11 @@ class Req:
         self.num_retractions = 0
         self.num_forward_steps = 0  # forward passes this request took part in
         self.num_jump_forward_tokens = 0  # output tokens appended by jump-forward, net
+        # Speculative decoding: the drafter's state, and what its verifies kept.
+        self.spec_state: SpecState | None = None
+        self.num_spec_verify_steps = 0  # steps that verified a draft of this request
+        self.num_spec_draft_tokens = 0
+        self.num_spec_accepted_tokens = 0
 
         # Logprobs, accumulated here and sent as deltas.
         self.output_token_logprobs: list[LogprobEntry] = []

@@ -38,6 +38,7 @@ from radixlm.scheduler.profiler import Profiler
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.step_plan import ScheduledReq, StepPlan
 from radixlm.server_args import ServerArgs
+from radixlm.speculative.ngram_drafter import NgramDrafter
 from radixlm.tokenizer_utils import TokenDecoder
 
 if TYPE_CHECKING:
@@ -69,6 +70,11 @@ class Scheduler:
         self.jump_forward = (
             None if server_args.disable_jump_forward
             else JumpForward(tokenizer, runner.context_len)
+        )
+        self.drafter = (
+            NgramDrafter(server_args, runner.vocab_size, runner.context_len,
+                         jump_forward=self.jump_forward is not None)
+            if server_args.speculative_algorithm == "NGRAM" else None
         )
         self.waiting: list[Req] = []
         self.running: list[Req] = []  # admitted, in admission order
@@ -170,6 +176,8 @@ class Scheduler:
             num_grammar_mask_steps=self.runner.num_grammar_mask_steps,
         )
         info.update(self.output.stats())
+        if self.drafter is not None:
+            info.update(self.drafter.stats())
         return ServerInfoOut(info)
 
     def runner_info(self) -> dict[str, Any]:
@@ -222,7 +230,9 @@ class Scheduler:
         budget of `max_prefill_tokens` tokens:
         1. every decoding request (1 pending token) gets its token; if the KV
            pool cannot hold them even after evicting the cache, the newest
-           requests are retracted until it can;
+           requests are retracted until it can; with speculative decoding,
+           decoding requests then add their drafted tokens while budget and
+           KV slots last (speculative/ngram_drafter.py);
         2. requests part-way through their prompt get chunks of at most
            `chunked_prefill_size` while budget and memory last;
         3. waiting requests are admitted in policy order while there is a
@@ -236,6 +246,8 @@ class Scheduler:
             if req.num_pending_tokens == 1:
                 budget.add_decode()
                 items.append(ScheduledReq.plan(req, 1))
+        if self.drafter is not None:
+            self._add_drafts(items, budget)
         for req in self.running:
             if req.num_pending_tokens > 1 and budget.has_tokens:
                 n = budget.chunk_len(req.num_pending_tokens)
@@ -256,6 +268,20 @@ class Scheduler:
             self.kv.assign_slots(it.req, it.prefix_len, allocated[offset : offset + it.extend_len])
             offset += it.extend_len
         return StepPlan(items, allocated)
+
+    def _add_drafts(self, decodes: list[ScheduledReq], budget: StepBudget) -> None:
+        """Decoding requests that may draft verify their drafts in this step."""
+        assert self.drafter is not None
+        if not self.drafter.allows_batch(len(decodes)):
+            return
+        for item in decodes:
+            if not item.num_sample_rows:
+                continue
+            draft = self.drafter.propose(item.req, budget.num_draft_rows(
+                self.drafter.num_draft_tokens))
+            if draft:
+                budget.extend(len(draft))
+                item.add_draft(draft)
 
     def _admit(self, budget: StepBudget, items: list[ScheduledReq]) -> None:
         """Admit waiting requests in policy order while each fits (see budget.py)."""
@@ -305,9 +331,11 @@ class Scheduler:
         """Apply one forward pass to its requests: the only place they change after it.
 
         Per item: its KV now reaches the end of the step's tokens; prompt logprobs
-        are added; a sampled token is appended, the grammar advanced and the finish
-        checked, then jump-forward may append forced tokens; a prefill chunk is
-        shared with the prefix cache. Then finished requests release their memory.
+        are added; a sampled token is appended (with speculation: the accepted
+        draft and the model's own next token, the rest of the draft's KV
+        truncated), the grammar advanced and the finish checked, then
+        jump-forward may append forced tokens; a prefill chunk is shared with the
+        prefix cache. Then finished requests release their memory.
         """
         row = 0
         for i, item in enumerate(plan.items):
@@ -322,7 +350,9 @@ class Scheduler:
             if result.hidden_states is not None and result.hidden_states[i] is not None:
                 req.add_hidden_states(item.prefix_len, result.hidden_states[i] or [])
             if item.num_sample_rows and not req.finished:
-                self._accept(req, result, row)
+                self._accept(req, result, row, item.draft_ids)
+            elif item.draft_ids:  # aborted while its draft was verified
+                self.kv.truncate(req, min(req.kv_len, req.num_tokens - 1))
             row += item.num_sample_rows
             if (item.extend_len > 1 and item.prefix_len < req.num_prompt_tokens
                     and not req.finished):
@@ -332,30 +362,61 @@ class Scheduler:
         self.num_steps += 1
         self.new_token_ratio.step()
 
-    def _accept(self, req: Req, result: StepResult, row: int) -> None:
-        """The token sampled for `req` at `row`: append it, check grammar and finish,
-        then jump forward over what the grammar forces."""
+    def _accept(self, req: Req, result: StepResult, row: int, draft_ids: list[int]) -> None:
+        """The tokens sampled for `req` from `row` on: append each, checking grammar and
+        finish, then jump forward over what the grammar forces.
+
+        With a draft, row i verifies draft_ids[i]: tokens are appended while the
+        model's choice equals the draft, and the first differing choice (or the
+        row after a fully accepted draft) is the model's own next token. Each
+        token goes through exactly the checks decoding it alone would (a finish
+        or a forced jump ends the acceptance there); then the KV of the drafted
+        tokens not kept is truncated.
+        """
         req.input_logprobs_done = True
         if req.sampling_params.max_new_tokens == 0:
             req.finished_reason = FinishReason("length")
             return
-        token_id = result.next_token_ids[row]
-        if token_id is None:
-            logger.error("Request %s: its logits had no valid distribution (NaN or "
-                         "every token masked); it fails", req.rid)
-            req.finished_reason = FinishReason(
-                "abort", message="The model produced no valid next-token distribution "
-                "(NaN or infinite logits) for this request", status_code=500)
-            return
-        req.append_output(token_id, result.token_logprobs[row], result.top_logprobs[row])
-        self.output.num_generation_tokens_total += 1
-        req.finished_reason = self._accept_grammar(req, token_id) or self.output.check_finished(
-            req, token_id
-        )
-        if req.grammar is not None and self.jump_forward is not None and not req.finished:
-            jump = self.jump_forward.plan(req)
+        jump: JumpPlan | None = None
+        num_accepted = 0
+        for i in range(len(draft_ids) + 1):
+            token_id = result.next_token_ids[row + i]
+            if token_id is None:
+                self._fail_invalid_logits(req)
+                break
+            req.append_output(token_id, result.token_logprobs[row + i],
+                              result.top_logprobs[row + i])
+            self.output.num_generation_tokens_total += 1
+            req.finished_reason = self._accept_grammar(req, token_id) or (
+                self.output.check_finished(req, token_id))
+            matched = i < len(draft_ids) and token_id == draft_ids[i]
+            num_accepted += matched
+            if req.finished or not matched:
+                break
+            jump = self._plan_jump(req)  # decoding alone would jump here too
             if jump is not None:
-                self._apply_jump(req, jump)
+                break
+        if draft_ids:
+            # The KV of an appended token is computed by the next step, as for a decode.
+            self.kv.truncate(req, min(req.kv_len, req.num_tokens - 1))
+            assert self.drafter is not None
+            self.drafter.on_verified(req, len(draft_ids), num_accepted)
+        if jump is None:
+            jump = self._plan_jump(req)
+        if jump is not None:
+            self._apply_jump(req, jump)
+
+    def _fail_invalid_logits(self, req: Req) -> None:
+        logger.error("Request %s: its logits had no valid distribution (NaN or "
+                     "every token masked); it fails", req.rid)
+        req.finished_reason = FinishReason(
+            "abort", message="The model produced no valid next-token distribution "
+            "(NaN or infinite logits) for this request", status_code=500)
+
+    def _plan_jump(self, req: Req) -> JumpPlan | None:
+        if req.grammar is None or self.jump_forward is None or req.finished:
+            return None
+        return self.jump_forward.plan(req)
 
     def _accept_grammar(self, req: Req, token_id: int) -> FinishReason | None:
         """Feed the sampled token to the request's grammar; a terminated grammar stops it."""
@@ -381,6 +442,8 @@ class Scheduler:
         self.kv.truncate(req, min(req.kv_len, req.num_prompt_tokens + jump.num_keep))
         del req.hidden_states[max(req.kv_len, req.num_sent_hidden_states):]
         req.replace_output_tail(jump.num_keep, jump.new_ids)
+        if self.drafter is not None:
+            self.drafter.on_rewrite(req, req.num_prompt_tokens + jump.num_keep)
         req.finished_reason = self.output.check_length_and_stop_strings(req, len(jump.new_ids))
 
     # ------------------------------------------------------------------ memory pressure

@@ -29,10 +29,13 @@ class ScheduledReq:
 
     req: Req
     prefix_len: int  # kv_len before the step
-    extend_len: int  # tokens computed this step
-    num_sample_rows: int  # 1 when the step reaches the end of the token list, else 0
+    extend_len: int  # tokens computed this step, drafted ones included
+    num_sample_rows: int  # 1 when the step reaches the end of the token list (+ drafts), else 0
     # Prompt positions [a, b) whose logits are needed for prompt logprobs.
     logprob_positions: tuple[int, int] | None = None
+    # Speculative decoding: tokens drafted after the token list's end, each verified by
+    # its own sampled row (the row before it predicts it).
+    draft_ids: list[int] = dataclasses.field(default_factory=list)
 
     @classmethod
     def plan(cls, req: Req, extend_len: int) -> ScheduledReq:
@@ -50,9 +53,16 @@ class ScheduledReq:
                 positions = (lo, hi)
         return cls(req, prefix_len, extend_len, int(samples), positions)
 
+    def add_draft(self, draft_ids: list[int]) -> None:
+        """Verify `draft_ids` after this decode's token: 1 + K tokens, 1 + K sampled rows."""
+        assert self.num_sample_rows == 1 and not self.draft_ids
+        self.draft_ids = draft_ids
+        self.extend_len += len(draft_ids)
+        self.num_sample_rows += len(draft_ids)
+
     def to_step_item(self) -> StepItem:
         req = self.req
-        end = self.prefix_len + self.extend_len
+        end = self.prefix_len + self.extend_len - len(self.draft_ids)  # end of req.token_ids
         prompt_lps = None
         if self.logprob_positions is not None:
             lo, hi = self.logprob_positions
@@ -66,7 +76,7 @@ class ScheduledReq:
             rid=req.rid,
             req_pool_idx=req.req_pool_idx,
             prefix_len=self.prefix_len,
-            input_ids=req.token_ids[self.prefix_len : end],
+            input_ids=req.token_ids[self.prefix_len : end] + self.draft_ids,
             num_sample_rows=self.num_sample_rows,
             sampling=_sampling_spec(req) if self.num_sample_rows else None,
             prompt_logprobs=prompt_lps,

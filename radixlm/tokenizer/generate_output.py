@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.io_struct import FinishReason
+from radixlm.io_struct import FinishReason, SpecCounts
 
 # One logprob as the API reports it: [logprob, token_id, token_text]; the text is
 # None unless the request asked for it (return_text_in_logprobs).
@@ -49,6 +49,7 @@ class GenerateOutput:
     # With return_hidden_states: the final hidden states of the positions computed since
     # the previous output, in position order from 0 (the prompt's first).
     hidden_states: list[list[float]] | None = None
+    spec: SpecCounts | None = None  # speculative decoding's counts, when the server drafts
 
     @property
     def finished(self) -> bool:
@@ -71,6 +72,13 @@ class GenerateOutput:
             "finish_reason": self.finish_reason.to_json() if self.finish_reason else None,
             "e2e_latency": self.e2e_latency,
         }
+        if self.spec is not None:
+            meta.update(
+                spec_verify_ct=self.spec.verify_steps,
+                spec_draft_tokens=self.spec.draft_tokens,
+                spec_accepted_tokens=self.spec.accepted_tokens,
+                spec_accept_rate=round(self.spec.accept_rate, 4),
+            )
         if self.status_code is not None:
             meta["status_code"] = self.status_code
         return meta

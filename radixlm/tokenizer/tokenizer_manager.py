@@ -473,6 +473,7 @@ class TokenizerManager:
             cached_tokens=tok.cached_tokens,
             forward_steps=tok.forward_steps,
             jump_forward_tokens=tok.jump_forward_tokens,
+            spec=tok.spec,
             finish_reason=tok.finished_reason,
             created=state.created,
             first_token_time=state.first_token_time,
