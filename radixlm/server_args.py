@@ -112,7 +112,7 @@ class ServerArgs:
     speculative_ngram_max_match_window_size: int = _opt(
         4, "Longest suffix of the sequence looked up for a draft (longer matches first).")
     speculative_disable_by_batch_size: int = _opt(
-        8, "No request drafts in a step with more decoding requests than this (a large "
+        4, "No request drafts in a step with more decoding requests than this (a large "
         "batch is compute-bound: drafted rows cost what they save).")
     speculative_min_acceptance_rate: float = _opt(
         0.3, "A request whose recent share of accepted drafted tokens falls below this "

@@ -158,7 +158,8 @@ def test_stop_string_inside_a_draft() -> None:
 ])
 def test_batches_match_sequential(config: dict) -> None:
     model = copy_model(frozenset({11, 17, 18, 30, 33}))
-    s = make(model, speculative_num_draft_tokens=5, **config)
+    s = make(model, speculative_num_draft_tokens=5, speculative_disable_by_batch_size=8,
+             **config)
     prompts = [PROMPT[i:] + PROMPT[:i] + PROMPT[: i + 2] for i in range(6)]
     for i, p in enumerate(prompts):
         submit(s, f"r{i}", p, max_new_tokens=25)
