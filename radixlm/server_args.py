@@ -108,7 +108,8 @@ class ServerArgs:
     speculative_num_draft_tokens: int = _opt(4, "Most tokens a request drafts per step "
                                              "(1-15; a step then computes 1 + K of its tokens).")
     speculative_ngram_min_match_window_size: int = _opt(
-        1, "Shortest suffix of the sequence looked up for a draft.")
+        2, "Shortest suffix of the sequence looked up for a draft (1 drafts after any "
+        "repeated token: more drafts, fewer accepted).")
     speculative_ngram_max_match_window_size: int = _opt(
         4, "Longest suffix of the sequence looked up for a draft (longer matches first).")
     speculative_disable_by_batch_size: int = _opt(

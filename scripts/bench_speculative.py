@@ -123,6 +123,7 @@ def main() -> None:
                    help="requests per cell (default: max(4, 2 x concurrency))")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--num-draft-tokens", type=int, default=None)
+    p.add_argument("--min-match-window", type=int, default=None)
     p.add_argument("--dtype", default="auto", help="float32 shows that outputs match exactly "
                    "(bfloat16 steps of other shapes may break near-ties either way)")
     args = p.parse_args()
@@ -131,6 +132,8 @@ def main() -> None:
     spec_kwargs: dict[str, Any] = {"speculative_algorithm": "NGRAM"}
     if args.num_draft_tokens is not None:
         spec_kwargs["speculative_num_draft_tokens"] = args.num_draft_tokens
+    if args.min_match_window is not None:
+        spec_kwargs["speculative_ngram_min_match_window_size"] = args.min_match_window
     print(f"CPU: {cpu_description()}; dtype {args.dtype}; output {args.output_len} tokens, "
           "greedy, ignore_eos")
     with Engine(**common) as off, Engine(**common, **spec_kwargs) as on:

@@ -63,8 +63,9 @@ class RowsRunner(FakeRunner):
 
 
 def make(model: Model, num_tokens: int = 4096, spec: bool = True, **kwargs: Any) -> Scheduler:
-    if spec:
-        kwargs = {"speculative_algorithm": "NGRAM", **kwargs}
+    if spec:  # 1-grams: the first draft comes right after the first sampled token
+        kwargs = {"speculative_algorithm": "NGRAM",
+                  "speculative_ngram_min_match_window_size": 1, **kwargs}
     args = ServerArgs(**kwargs)
     runner = RowsRunner(num_tokens, args.disable_radix_cache, model)
     return Scheduler(args, runner, FakeTokenizer())  # type: ignore[arg-type]
