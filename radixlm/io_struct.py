@@ -85,6 +85,9 @@ class TokenizedGenerateReq:
     # Batch API traffic: admitted after online requests, retracted before them.
     background: bool = False
     return_hidden_states: bool = False
+    # With priority scheduling: larger is more urgent unless the server schedules low
+    # values first (the scheduler applies the direction); 0 without it.
+    priority: int = 0
 
 
 @dataclass

@@ -51,8 +51,26 @@ class ServerArgs:
                                            "new request gets a 503 (unset: no limit).")
     chunked_prefill_size: int = _opt(512, "Most prompt tokens one request prefills per step.")
     max_prefill_tokens: int = _opt(2048, "Token budget of one step (prefill chunks + decodes).")
-    schedule_policy: str = _opt("fcfs", "Admission order: fcfs | lpm (longest cached prefix).",
-                                choices=["fcfs", "lpm"])
+    schedule_policy: str = _opt("fcfs", "Admission order: fcfs | lpm (longest cached prefix) | "
+                                "priority (fcfs by request priority, as "
+                                "--enable-priority-scheduling).",
+                                choices=["fcfs", "lpm", "priority"])
+    enable_priority_scheduling: bool = _opt(
+        False, "Order waiting requests by their `priority` (higher values first unless "
+        "--schedule-low-priority-values-first), and let an urgent request preempt running "
+        "ones of lower priority.")
+    schedule_low_priority_values_first: bool = _opt(
+        False, "With priority scheduling, lower priority values are more urgent.")
+    priority_scheduling_preemption_threshold: int = _opt(
+        10, "How much more urgent a waiting request must be than a running one to preempt "
+        "it (retract it to the waiting queue).")
+    disable_priority_preemption: bool = _opt(
+        False, "With priority scheduling, order the queue only; never preempt.")
+    default_priority_value: int | None = _opt(
+        None, "Priority of requests that give none (default 0).")
+    abort_on_priority_when_disabled: bool = _opt(
+        False, "Refuse (400) a request that sets `priority` while priority scheduling is off "
+        "(default: the field is ignored).")
     schedule_conservativeness: float = _opt(1.0, "Scales the KV reserved for running "
                                             "requests' future tokens; 0 admits greedily "
                                             "and relies on retraction.")
@@ -152,7 +170,14 @@ class ServerArgs:
     allowed_origins: list[str] | None = _opt(
         None, "Origins (e.g. http://localhost:8080) whose browser pages may call this "
         "server, with CORS; '*' for any. Default: the server's own origin only.", nargs="+")
-    enable_metrics: bool = _opt(False, "Expose Prometheus metrics at /metrics.")
+    enable_metrics: bool = _opt(False, "Expose Prometheus metrics at /metrics (each series "
+                                "under radixlm: and SGLang's sglang: names).")
+    decode_log_interval: int = _opt(40, "Log a 'Decode batch' line every N steps that decode "
+                                    "(a 'Prefill batch' line comes with every step that "
+                                    "prefills).")
+    skip_tokenizer_init: bool = _opt(
+        False, "Load no tokenizer: requests send input_ids and get output_ids, no text "
+        "(as RL frameworks use SGLang); text prompts, stop strings and grammars are refused.")
     log_level: str = _opt("info", "Logging level.")
     max_request_bytes: int = _opt(32 * 1024 * 1024, "Largest accepted request body.")
     watchdog_timeout: float = _opt(300.0, "Seconds a busy scheduler may go without a step "
@@ -165,6 +190,8 @@ class ServerArgs:
             raise ValueError("--max-running-requests must be at least 1")
         if self.max_queued_requests is not None and self.max_queued_requests < 1:
             raise ValueError("--max-queued-requests must be at least 1")
+        if self.decode_log_interval < 1:
+            raise ValueError("--decode-log-interval must be at least 1")
         if self.stream_interval < 1:
             raise ValueError("--stream-interval must be at least 1")
         if self.grammar_compile_timeout <= 0:
@@ -201,6 +228,11 @@ class ServerArgs:
         import tempfile
 
         return self.profile_dir or os.path.join(tempfile.gettempdir(), "radixlm-profiles")
+
+    @property
+    def priority_scheduling(self) -> bool:
+        """Whether requests' priorities order the queue (either flag turns it on)."""
+        return self.enable_priority_scheduling or self.schedule_policy == "priority"
 
     @property
     def model_name(self) -> str:

@@ -90,6 +90,7 @@ class Engine:
         image_data: Any = None,
         video_data: Any = None,
         return_hidden_states: bool | list[bool] = False,
+        priority: int | list[int] | None = None,
     ) -> Any:
         """Generate for one prompt (returns a dict) or a batch (a list, one per sample).
 
@@ -101,6 +102,7 @@ class Engine:
             return_logprob=return_logprob, logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num, stream=stream, image_data=image_data,
             video_data=video_data, return_hidden_states=return_hidden_states,
+            video_data=video_data, priority=priority,
         )
         obj.default_prompt_logprobs()
         if stream:

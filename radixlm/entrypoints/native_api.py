@@ -73,6 +73,7 @@ class GenerateRequest(StrictModel):
     # With --reasoning-parser: also return the think block and the answer apart
     # (`reasoning_content`, `content`; stream events: their deltas). `text` stays raw.
     separate_reasoning: bool = False
+    priority: int | list[int] | None = None  # with --enable-priority-scheduling
 
     @model_validator(mode="before")
     @classmethod

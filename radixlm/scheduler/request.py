@@ -53,6 +53,7 @@ class Req:
         self.whole_prompt = False
         self.embedding: list[float] | None = None  # a pooling request's answer
         self.arrival_seq = arrival_seq
+        self.priority = tokenized.priority  # see policy.PriorityOrder for its direction
 
         # Constrained decoding: the grammar object exists once compiled (GrammarManager).
         self.grammar_key: tuple[str, str] | None = self.sampling_params.grammar

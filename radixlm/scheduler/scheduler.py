@@ -26,13 +26,14 @@ from radixlm.io_struct import (
     is_sample_of,
 )
 from radixlm.model_executor.forward_step import StepResult
+from radixlm.scheduler.batch_log import BatchLog
 from radixlm.scheduler.budget import StepBudget
 from radixlm.scheduler.grammar_manager import GrammarManager, build_vocab_mask
 from radixlm.scheduler.groups import SampleGroups
 from radixlm.scheduler.jump_forward import JumpForward, JumpPlan, swap_tokens
 from radixlm.scheduler.kv_manager import KVManager
 from radixlm.scheduler.output_processor import OutputProcessor
-from radixlm.scheduler.policy import NewTokenRatio, order_waiting
+from radixlm.scheduler.policy import NewTokenRatio, PriorityOrder, order_waiting
 from radixlm.scheduler.pooling import pooling_info
 from radixlm.scheduler.profiler import Profiler
 from radixlm.scheduler.request import Req
@@ -79,11 +80,17 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running: list[Req] = []  # admitted, in admission order
         self.new_token_ratio = NewTokenRatio(init=server_args.schedule_conservativeness * 0.5)
+        self.priority = PriorityOrder(
+            server_args.priority_scheduling, server_args.schedule_low_priority_values_first,
+            server_args.priority_scheduling_preemption_threshold,
+            preempts=not server_args.disable_priority_preemption)
+        self.batch_log = BatchLog(server_args.decode_log_interval)
         self.groups = SampleGroups(shares_prefixes=self.kv.shares_prefixes)
         self.released_rids: list[str] = []  # finished since the last step (the runner forgets)
         self.num_arrivals = 0
         self.num_admissions = 0
         self.num_retractions = 0
+        self.num_preemptions = 0  # retractions for a more urgent request
         self.num_steps = 0
         self.grammar_fill_seconds = 0.0  # filling grammar masks (the runner applies them)
         self.profiler = Profiler(server_args.profile_output_dir, server_args.device)
@@ -136,9 +143,11 @@ class Scheduler:
         for queue in queues:
             for req in [r for r in queue if matches(r)]:
                 queue.remove(req)
+                logger.info("Abort queued request. rid=%r, reason: %s", req.rid, msg.message)
                 self._fail(req, msg.message, status_code=None)
         for req in self.running:
             if matches(req) and not req.finished:
+                logger.info("Abort running request. rid=%r, reason: %s", req.rid, msg.message)
                 req.finished_reason = FinishReason("abort", message=msg.message)
         self._release_finished()
 
@@ -168,6 +177,8 @@ class Scheduler:
             num_waiting_reqs=len(self.waiting),
             num_compiling_reqs=self.num_compiling,
             num_retractions=self.num_retractions,
+            num_preemptions=self.num_preemptions,
+            gen_throughput=round(self.batch_log.gen_throughput, 3),
             num_steps=self.num_steps,
             new_token_ratio=round(self.new_token_ratio.value, 4),
             context_length=self.runner.context_len,
@@ -239,6 +250,8 @@ class Scheduler:
            request slot, budget, and KV beyond what running requests reserve.
         """
         self._retract_until_decodes_fit()
+        if self.priority.preempts and self.waiting and self.running:
+            self._preempt_for_urgent()
         budget = StepBudget(self.args.max_prefill_tokens, self.kv.num_available_slots(),
                             self.args.chunked_prefill_size)
         items: list[ScheduledReq] = []
@@ -254,6 +267,7 @@ class Scheduler:
                 if budget.can_extend(n):
                     budget.extend(n)
                     items.append(ScheduledReq.plan(req, n))
+        num_running = len(self.running)
         if budget.has_tokens:
             self._admit(budget, items)
         if not items:
@@ -261,6 +275,7 @@ class Scheduler:
                 # Every running request is mid-prefill and none fits: free memory.
                 self._retract(self._retraction_victim())
             return None
+        self._log_batch(items, num_running)
         allocated = self.kv.alloc_slots(sum(it.extend_len for it in items))
         assert allocated is not None, "step planned beyond available KV"
         offset = 0
@@ -285,7 +300,8 @@ class Scheduler:
 
     def _admit(self, budget: StepBudget, items: list[ScheduledReq]) -> None:
         """Admit waiting requests in policy order while each fits (see budget.py)."""
-        order_waiting(self.waiting, self.args.schedule_policy, self.kv.prefix_hit_len)
+        order_waiting(self.waiting, self.args.schedule_policy, self.kv.prefix_hit_len,
+                      self.priority)
         admitted: list[Req] = []
         for req in self.waiting:
             if not budget.has_tokens or len(self.running) >= self.args.max_running_requests:
@@ -449,8 +465,46 @@ class Scheduler:
     # ------------------------------------------------------------------ memory pressure
 
     def _retraction_victim(self) -> Req:
-        """Batch traffic first, then the newest admission."""
-        return max(self.running, key=lambda r: (r.background, _admission_order(r)))
+        """Batch API traffic first, then the least urgent running request (all are equal
+        without priority scheduling), the newest among equals."""
+        return self.priority.retraction_order(self.running)[0]
+
+    def _preempt_for_urgent(self) -> None:
+        """Priority scheduling: if the most urgent waiting request cannot be admitted now
+        (no request slot, or too little KV for its next chunk and the reserve), retract
+        running requests it may preempt (policy.py), least urgent first, until it can.
+        If even all of them would not make room, retract none."""
+        order_waiting(self.waiting, self.args.schedule_policy, self.kv.prefix_hit_len,
+                      self.priority)
+        urgent = self.waiting[0]
+        victims = [r for r in self.priority.retraction_order(self.running)
+                   if self.priority.may_preempt(urgent, r)]
+        if not victims or not self.groups.allows(urgent):
+            return
+        match = self.kv.match(urgent)
+        num_tokens = min(urgent.num_tokens - len(match.kv_indices),
+                         self.args.chunked_prefill_size, self.args.max_prefill_tokens)
+        num_available = self.kv.num_available_slots() - match.lock_cost
+        remaining, chosen = list(self.running), list[Req]()
+        while True:
+            num_decodes = sum(1 for r in remaining if r.num_pending_tokens == 1)
+            reserve = self.new_token_ratio.reserve(remaining + [urgent]) if remaining else 0
+            has_row = len(remaining) < self.args.max_running_requests and (
+                bool(chosen) or self.kv.has_free_row())
+            if has_row and num_available - num_decodes - reserve >= num_tokens:
+                break
+            if not victims:
+                return
+            victim = victims.pop(0)
+            chosen.append(victim)
+            remaining.remove(victim)
+            # Its own slots go back, and its prefix becomes evictable unless another
+            # running request shares it (then this overestimates; the next step retries).
+            num_available += victim.kv_len
+        for victim in chosen:
+            self._retract(victim, f"preempted by {urgent.rid!r} (priority {urgent.priority} "
+                          f"over {victim.priority})")
+            self.num_preemptions += 1
 
     def _retract_until_decodes_fit(self) -> None:
         """Retract the newest requests until every decode's next token has a slot."""
@@ -466,14 +520,32 @@ class Scheduler:
                 return
             self._retract(self._retraction_victim())
 
-    def _retract(self, victim: Req) -> None:
+    def _retract(self, victim: Req, reason: str | None = None) -> None:
+        """Send a running request back to the waiting queue (reason: why, when it is not
+        a full KV pool; only a full pool raises the reserve ratio)."""
         self.running.remove(victim)
         self.kv.release(victim)
         victim.reset_for_retraction()
         self.waiting.append(victim)
         self.num_retractions += 1
-        self.new_token_ratio.on_retract()
-        logger.info("Retracted %s (KV full); %d running", victim.rid, len(self.running))
+        if reason is None:
+            self.new_token_ratio.on_retract()
+        logger.info("Retracted %s (%s); %d running", victim.rid, reason or "KV full",
+                    len(self.running))
+
+    def _log_batch(self, items: list[ScheduledReq], num_running: int) -> None:
+        """The step's SGLang-style log lines (batch_log.py); `num_running`: before admission."""
+        used = self.kv.kv_pool.size - self.kv.num_available_slots()
+        total = self.kv.kv_pool.size
+        admitted = items[len(items) - (len(self.running) - num_running):]
+        if any(it.prefix_len < it.req.num_prompt_tokens for it in items):
+            self.batch_log.prefill(items, admitted, num_running, len(self.waiting), used, total)
+        if any(it.extend_len == 1 and it.prefix_len >= it.req.num_prompt_tokens for it in items):
+            out = self.output
+            prompt = out.num_prompt_tokens_total
+            hit_rate = out.num_cached_tokens_total / prompt if prompt else 0.0
+            self.batch_log.decode(len(self.running), len(self.waiting), used, total,
+                                  out.num_generation_tokens_total, hit_rate)
 
     # ------------------------------------------------------------------ finishing
 
@@ -491,8 +563,3 @@ class Scheduler:
     def check_integrity(self) -> None:
         """Assert the KV accounting identity and the pools' and cache's own checks."""
         self.kv.check_integrity(self.running)
-
-
-def _admission_order(req: Req) -> int:
-    assert req.admit_seq is not None, "only admitted requests run"
-    return req.admit_seq

@@ -36,6 +36,7 @@ class SingleReq:
     return_hidden_states: bool = False
     image_data: list[Any] | None = None  # image sources, in placeholder order
     video_data: list[Any] | None = None  # videos: a list of frames or a file source each
+    priority: int | None = None  # with priority scheduling (see scheduler/policy.py)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class GenerateReqInput:
     return_hidden_states: bool | list[bool] = False
     image_data: Any = None
     video_data: Any = None
+    priority: int | list[int] | None = None
 
     def default_prompt_logprobs(self) -> None:
         """SGLang's native default: with return_logprob and no logprob_start_len, the
@@ -93,6 +95,7 @@ class GenerateReqInput:
         hidden = _per_prompt(self.return_hidden_states, n, "return_hidden_states", bool)
         images = _per_prompt_media(self.image_data, n, self.is_batch, "image_data")
         videos = _per_prompt_media(self.video_data, n, self.is_batch, "video_data")
+        priorities = _per_prompt(self.priority, n, "priority", int) or [None] * n
         out = []
         for i, prompt in enumerate(prompts):
             is_text = isinstance(prompt, str)
@@ -110,6 +113,7 @@ class GenerateReqInput:
                     return_hidden_states=bool(hidden[i]) if hidden else False,
                     image_data=images[i],
                     video_data=videos[i],
+                    priority=priorities[i],
                 )
             )
         return out

@@ -296,6 +296,7 @@ class TokenizerManager:
         if single.return_hidden_states and not self.args.enable_return_hidden_states:
             raise ValueError("return_hidden_states needs a server started with "
                              "--enable-return-hidden-states")
+        self._check_priority(single.priority)
         vocab_size = self.model_info.get("vocab_size", len(self.tokenizer))
         context_len = self.model_info.get("context_length", 1 << 30)
         if single.input_ids is not None:
@@ -324,6 +325,24 @@ class TokenizerManager:
         tail = str(self.tokenizer.decode(input_ids[-16:], skip_special_tokens=False))
         return grammar_phase(reasoning_for_prompt(self.args.reasoning_parser, tail), tail)
 
+    def _check_priority(self, priority: int | None) -> None:
+        if priority is None:
+            return
+        if not -(1 << 63) <= priority < 1 << 63:
+            raise ValueError("'priority' must be a 64-bit signed integer")
+        if not self.args.priority_scheduling and self.args.abort_on_priority_when_disabled:
+            raise ValueError("'priority' is set but priority scheduling is disabled on this "
+                             "server (start it with --enable-priority-scheduling)")
+
+    def _priority(self, priority: int | None) -> int:
+        """The scheduler's priority of a request: as given (or the server's default) with
+        priority scheduling, else 0 (SGLang ignores the field then)."""
+        if not self.args.priority_scheduling:
+            return 0
+        if priority is None:
+            return self.args.default_priority_value or 0
+        return priority
+
     def _send(self, single: SingleReq, input_ids: list[int], params: SamplingParams,
               mm_inputs: MultimodalInputs | None, states: list[_SampleState]) -> None:
         """Register and send the request's samples, appending each to `states` first (so
@@ -347,6 +366,7 @@ class TokenizerManager:
                 top_logprobs_num=single.top_logprobs_num, stream=single.stream,
                 group_id=group, seed=seed, mm_inputs=mm_inputs, background=_BACKGROUND.get(),
                 return_hidden_states=single.return_hidden_states,
+                priority=self._priority(single.priority),
             ))
 
     async def _merge(self, states: list[_SampleState], stream: bool

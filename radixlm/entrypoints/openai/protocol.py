@@ -82,6 +82,8 @@ class _SamplingRequest(StrictModel):
     no_stop_trim: bool = False
     rid: str | None = None
     return_hidden_states: bool = False  # SGLang's: per choice, the last hidden state
+    # vLLM's and SGLang's, with --enable-priority-scheduling
+    priority: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     # Constrained decoding (see grammar.py): at most one of these
     response_format: ResponseFormat | None = None
     regex: str | None = None

@@ -89,6 +89,7 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJo
         top_logprobs_num=req.top_logprobs or 0, stream=req.stream,
         image_data=prompt.image_data or None, video_data=prompt.video_data or None,
         return_hidden_states=req.return_hidden_states,
+        priority=req.priority,
     )
     return ChatJob(obj, tools, reasoner if req.separate_reasoning else None)
 
