@@ -1,17 +1,23 @@
 """Prometheus metrics (`--enable-metrics`), served at /metrics.
 
 Two sources:
-- per-request latencies, observed in the HTTP process when a sample finishes
-  (`on_sample_finished`, hooked to the TokenizerManager): time to first
-  token, time per output token, end-to-end latency, and request counts by
-  finish reason;
+- per-request latencies, observed in the HTTP process: time to first token,
+  time per output token, end-to-end latency and request counts by finish
+  reason when a sample finishes (`on_sample_finished`), and the latency
+  between a stream's outputs per token (`on_tokens`), both hooked to the
+  TokenizerManager;
 - the scheduler's state, read at scrape time (`update_from_server_info`):
-  running and queued requests, KV usage, cache hit rate, and the prompt,
+  running, queued and compiling (grammar) requests, KV usage, cache hit
+  rate, generation throughput of the latest decode log line, and the prompt,
   cached and generated token totals (counters the scheduler keeps, exposed as
   Prometheus counters).
 
-Every series is prefixed `radixlm:`. Each `Metrics` has its own registry, so
-several servers in one process (tests) do not collide.
+Every series exists twice, with the same labels and values: `radixlm:<name>`
+and SGLang's `sglang:<name>`, so dashboards and alerts written for SGLang
+(sglang:num_running_reqs, sglang:token_usage, sglang:gen_throughput,
+sglang:time_to_first_token_seconds, sglang:prompt_tokens_total, ...) work
+unchanged. Each `Metrics` has its own registry, so several servers in one
+process (tests) do not collide.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ from prometheus_client.registry import Collector
 from radixlm.tokenizer.generate_output import GenerateOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PREFIXES = ("radixlm", "sglang")
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
                     160.0, 320.0)
-_TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
+_TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+                 2.5, 5.0)
 
 
 class _SchedulerCollector(Collector):
@@ -40,36 +48,61 @@ class _SchedulerCollector(Collector):
         self.info: dict[str, Any] = {}
 
     def collect(self) -> Iterator[Metric]:
-        info, labels = self.info, [self.model_name]
-
-        def gauge(name: str, doc: str, value: float) -> Metric:
-            g = GaugeMetricFamily(f"radixlm:{name}", doc, labels=["model_name"])
-            g.add_metric(labels, value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> Metric:
-            c = CounterMetricFamily(f"radixlm:{name}", doc, labels=["model_name"])
-            c.add_metric(labels, value)
-            return c
-
+        info = self.info
         total = float(info.get("max_total_num_tokens") or 0)
         used = float(info.get("num_used_tokens") or 0)
         prompt = float(info.get("num_prompt_tokens_total") or 0)
         cached = float(info.get("num_cached_prompt_tokens_total") or 0)
-        yield gauge("num_running_reqs", "Requests decoding or prefilling.",
-                    info.get("num_running_reqs", 0))
-        yield gauge("num_queue_reqs", "Requests waiting for admission.",
-                    info.get("num_waiting_reqs", 0))
-        yield gauge("num_used_tokens", "KV slots held by requests.", used)
-        yield gauge("max_total_num_tokens", "KV slots in the pool.", total)
-        yield gauge("token_usage", "Fraction of KV slots held by requests.",
-                    used / total if total else 0.0)
-        yield gauge("cache_hit_rate", "Fraction of prompt tokens served from the prefix cache.",
-                    cached / prompt if prompt else 0.0)
-        yield counter("prompt_tokens", "Prompt tokens processed.", prompt)
-        yield counter("cached_tokens", "Prompt tokens found in the prefix cache.", cached)
-        yield counter("generation_tokens", "Tokens generated.",
-                      float(info.get("num_generation_tokens_total") or 0))
+        gauges = [
+            ("num_running_reqs", "Requests decoding or prefilling.",
+             info.get("num_running_reqs", 0)),
+            ("num_queue_reqs", "Requests waiting for admission.",
+             info.get("num_waiting_reqs", 0)),
+            ("num_grammar_queue_reqs", "Constrained requests waiting for their grammar.",
+             info.get("num_compiling_reqs", 0)),
+            ("num_used_tokens", "KV slots held by requests.", used),
+            ("max_total_num_tokens", "KV slots in the pool.", total),
+            ("token_usage", "Fraction of KV slots held by requests.",
+             used / total if total else 0.0),
+            ("cache_hit_rate", "Fraction of prompt tokens served from the prefix cache.",
+             cached / prompt if prompt else 0.0),
+            ("gen_throughput", "Generated tokens per second (the latest decode log line).",
+             info.get("gen_throughput", 0.0)),
+        ]
+        counters = [
+            ("prompt_tokens", "Prompt tokens processed.", prompt),
+            ("cached_tokens", "Prompt tokens found in the prefix cache.", cached),
+            ("generation_tokens", "Tokens generated.",
+             float(info.get("num_generation_tokens_total") or 0)),
+            ("num_retractions", "Requests retracted to the waiting queue (memory or "
+             "priority preemption).", float(info.get("num_retractions") or 0)),
+        ]
+        for prefix in PREFIXES:
+            for name, doc, value in gauges:
+                g = GaugeMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
+                g.add_metric([self.model_name], float(value))
+                yield g
+            for name, doc, value in counters:
+                c = CounterMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
+                c.add_metric([self.model_name], value)
+                yield c
+
+
+class _Twin:
+    """One histogram or counter under every prefix, observed together."""
+
+    def __init__(self, kind: type[Histogram] | type[Counter], name: str, doc: str,
+                 labels: list[str], registry: CollectorRegistry, **kwargs: Any) -> None:
+        self.metrics = [kind(f"{p}:{name}", doc, labels, registry=registry, **kwargs)
+                        for p in PREFIXES]
+
+    def observe(self, labels: tuple[str, ...], value: float) -> None:
+        for m in self.metrics:
+            m.labels(*labels).observe(value)  # type: ignore[union-attr]
+
+    def inc(self, labels: tuple[str, ...]) -> None:
+        for m in self.metrics:
+            m.labels(*labels).inc()  # type: ignore[union-attr]
 
 
 class Metrics:
@@ -79,30 +112,41 @@ class Metrics:
         self.scheduler = _SchedulerCollector(model_name)
         self.registry.register(self.scheduler)
         labels = ["model_name"]
-        self.ttft = Histogram("radixlm:time_to_first_token_seconds",
-                              "Time from arrival to the first output token.", labels,
-                              buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.tpot = Histogram("radixlm:time_per_output_token_seconds",
-                              "Average time between output tokens of a request.", labels,
-                              buckets=_TPOT_BUCKETS, registry=self.registry)
-        self.e2e = Histogram("radixlm:e2e_request_latency_seconds",
-                             "Time from arrival to the last output token.", labels,
-                             buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.requests = Counter("radixlm:num_requests", "Finished samples by finish reason.",
-                                ["model_name", "finish_reason"], registry=self.registry)
+        reg = self.registry
+        self.ttft = _Twin(Histogram, "time_to_first_token_seconds",
+                          "Time from arrival to the first output token.", labels, reg,
+                          buckets=_LATENCY_BUCKETS)
+        self.tpot = _Twin(Histogram, "time_per_output_token_seconds",
+                          "Average time between output tokens of a request.", labels, reg,
+                          buckets=_TPOT_BUCKETS)
+        self.itl = _Twin(Histogram, "inter_token_latency_seconds",
+                         "Time between a stream's outputs, per token they carry.", labels,
+                         reg, buckets=_TPOT_BUCKETS)
+        self.e2e = _Twin(Histogram, "e2e_request_latency_seconds",
+                         "Time from arrival to the last output token.", labels, reg,
+                         buckets=_LATENCY_BUCKETS)
+        self.requests = _Twin(Counter, "num_requests", "Finished samples by finish reason.",
+                              ["model_name", "finish_reason"], reg)
 
     def on_sample_finished(self, out: GenerateOutput) -> None:
         """Observe one finished sample (its last output)."""
         reason = out.finish_reason.type if out.finish_reason is not None else "unknown"
-        self.requests.labels(self.model_name, reason).inc()
-        self.e2e.labels(self.model_name).observe(out.e2e_latency)
+        model = (self.model_name,)
+        self.requests.inc((self.model_name, reason))
+        self.e2e.observe(model, out.e2e_latency)
         if out.first_token_time is None:
             return
         ttft = max(0.0, out.first_token_time - out.created)
-        self.ttft.labels(self.model_name).observe(ttft)
+        self.ttft.observe(model, ttft)
         if out.completion_tokens > 1:
             tpot = max(0.0, out.e2e_latency - ttft) / (out.completion_tokens - 1)
-            self.tpot.labels(self.model_name).observe(tpot)
+            self.tpot.observe(model, tpot)
+
+    def on_tokens(self, seconds: float, num_tokens: int) -> None:
+        """`num_tokens` new tokens arrived `seconds` after the sample's previous ones."""
+        per_token = max(0.0, seconds) / max(num_tokens, 1)
+        for _ in range(min(num_tokens, 64)):  # bounded: a jump-forward may add many
+            self.itl.observe((self.model_name,), per_token)
 
     def update_from_server_info(self, info: dict[str, Any]) -> None:
         self.scheduler.info = dict(info)

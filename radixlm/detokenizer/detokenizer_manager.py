@@ -42,12 +42,15 @@ class _ReqText:
 
 
 class DetokenizerManager:
-    def __init__(self, tokenizer: TokenDecoder) -> None:
-        self.detok = IncrementalDetokenizer(tokenizer)
+    def __init__(self, tokenizer: TokenDecoder | None) -> None:
+        """tokenizer: None with --skip-tokenizer-init (token ids pass through, no text)."""
+        self.detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
         self.reqs: dict[str, _ReqText] = {}
 
     def handle(self, batch: BatchTokenIDOut) -> BatchStrOut:
         """Decode every request of the batch at once (one batch_decode per flag set)."""
+        if self.detok is None:
+            return BatchStrOut([StrOut(out.rid, "", out) for out in batch.outs])
         entries = []
         for out in batch.outs:
             entry = self.reqs.get(out.rid)
@@ -95,7 +98,9 @@ def run_detokenizer_process(server_args: ServerArgs, model_dir: str, ports: Port
     try:
         from radixlm.tokenizer_utils import load_decode_tokenizer
 
-        manager = DetokenizerManager(load_decode_tokenizer(server_args.tokenizer_path or model_dir))
+        manager = DetokenizerManager(
+            None if server_args.skip_tokenizer_init
+            else load_decode_tokenizer(server_args.tokenizer_path or model_dir))
         poller = zmq.Poller()
         poller.register(recv, zmq.POLLIN)
         parent = os.getppid()

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from radixlm.entrypoints.child_process import ChildProcess
 from radixlm.entrypoints.launch import launch_children, make_is_alive, stop_children
 from radixlm.server_args import ServerArgs
-from radixlm.tokenizer.generate_output import SampleDicts, final_dict
+from radixlm.tokenizer.generate_output import SampleDicts, final_dict, token_only
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput
 from radixlm.tokenizer.request_input import GenerateReqInput
 from radixlm.tokenizer.tokenizer_manager import EngineDeadError, TokenizerManager
@@ -121,7 +121,9 @@ class Engine:
         return await asyncio.wrap_future(future)
 
     async def _collect(self, obj: GenerateReqInput) -> Any:
-        outs = [final_dict(out) async for out in self.tokenizer_manager.generate(obj)]
+        no_text = self.tokenizer_manager.tokenizer is None  # --skip-tokenizer-init
+        outs = [token_only(final_dict(out), no_text)
+                async for out in self.tokenizer_manager.generate(obj)]
         outs.sort(key=lambda o: o["index"])
         return outs if obj.is_batch or len(outs) > 1 else outs[0]
 
@@ -133,7 +135,7 @@ class Engine:
             sample = samples.get(out.index)
             if sample is None:
                 sample = samples[out.index] = SampleDicts(incremental)
-            yield sample.add(out)
+            yield token_only(sample.add(out), self.tokenizer_manager.tokenizer is None)
 
     def _iterate(self, obj: GenerateReqInput) -> Iterator[dict[str, Any]]:
         q: queue.Queue[Any] = queue.Queue()

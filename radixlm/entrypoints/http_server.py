@@ -67,7 +67,8 @@ class ProcessRuntime:
         model_dir = await asyncio.to_thread(resolve_model_dir, args.model_path)  # GGUF: slow
         ports, procs = start_children(args, model_dir)  # on the main thread: see launch.py
         try:
-            tokenizer = await asyncio.to_thread(load_tokenizer, args.tokenizer_path or model_dir)
+            tokenizer = (None if args.skip_tokenizer_init else
+                         await asyncio.to_thread(load_tokenizer, args.tokenizer_path or model_dir))
             tm = TokenizerManager(args, model_dir, ports, tokenizer)
             tm.start(make_is_alive(procs))
             await tm.wait_ready(STARTUP_TIMEOUT)

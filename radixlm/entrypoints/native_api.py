@@ -39,7 +39,7 @@ from radixlm.entrypoints.strict import StrictModel
 from radixlm.io_struct import is_sample_of
 from radixlm.metrics import CONTENT_TYPE
 from radixlm.reasoning.split import ReasoningSplitter
-from radixlm.tokenizer.generate_output import GenerateOutput, SampleDicts, final_dict
+from radixlm.tokenizer.generate_output import GenerateOutput, SampleDicts, final_dict, token_only
 from radixlm.tokenizer.request_input import GenerateReqInput
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,8 @@ async def generate(request: Request) -> Response:
     if not obj.stream:
         outs = await collect(request, tm.generate(obj))
         single = not obj.is_batch and len(outs) == 1
-        dicts = [split.whole(o.index, final_dict(o)) for o in outs]
+        no_text = tm.tokenizer is None  # --skip-tokenizer-init
+        dicts = [token_only(split.whole(o.index, final_dict(o)), no_text) for o in outs]
         return JSONResponse(dicts[0] if single else dicts)
     incremental = state.args.incremental_streaming_output
     samples: dict[int, SampleDicts] = {}
@@ -131,7 +132,7 @@ async def generate(request: Request) -> Response:
         if sample is None:
             # NOTE: copy=False: each event is serialized before the next output arrives.
             sample = samples[out.index] = SampleDicts(incremental, copy=False)
-        return [sse(split.delta(out, sample.add(out)))]
+        return [sse(token_only(split.delta(out, sample.add(out)), tm.tokenizer is None))]
 
     return await sse_stream(request, tm.generate(obj), on_output)
 
@@ -248,11 +249,11 @@ async def abort_request(request: Request) -> Response:
     tm = state_of(request).engine()
     body = await parse_body(request, AbortRequest)
     if body.abort_all:
-        tm.abort_request(abort_all=True)
+        tm.abort_request(abort_all=True, message="Aborted by POST /abort_request")
     elif body.rid:
         rids = [r for r in list(tm.states) if is_sample_of(r, body.rid)]
         for rid in rids or [body.rid]:
-            tm.abort_request(rid)
+            tm.abort_request(rid, message="Aborted by POST /abort_request")
     else:
         raise APIError("Give 'rid' or 'abort_all': true", param="rid")
     return JSONResponse({"success": True})

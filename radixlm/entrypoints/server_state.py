@@ -76,15 +76,18 @@ class ServerState:
             self._fail(f"The engine failed to start: {e}")
             return
         self.tm = self.runtime.tokenizer_manager
-        self.chat_template = resolve_chat_template(self.chosen_template, self.tm.tokenizer)
-        self.agents = choose_agent_settings(self.args, self.chat_template, self.tm.tokenizer,
-                                            dict(self.tm.model_info or {}))
+        if self.tm.tokenizer is not None:  # else --skip-tokenizer-init: no chat at all
+            self.chat_template = resolve_chat_template(self.chosen_template, self.tm.tokenizer)
+            self.agents = choose_agent_settings(self.args, self.chat_template, self.tm.tokenizer,
+                                                dict(self.tm.model_info or {}))
         if self.metrics is not None:
             self.tm.on_sample_finished = self.metrics.on_sample_finished
+            self.tm.on_tokens = self.metrics.on_tokens
         self.ready = True
         a = self.args
         logger.info("radixlm is ready: serving %s at http://%s:%d (chat template: %s)",
-                    self.model_name, a.host, a.port, self.chat_template.name)
+                    self.model_name, a.host, a.port,
+                    self.chat_template.name if self.chat_template else "none, no tokenizer")
         while not self.draining:  # watch for a child process dying
             if self.tm.dead_reason:
                 self._fail(self.tm.dead_reason)
@@ -114,7 +117,7 @@ class ServerState:
         self.draining = True
         logger.info("Shutting down: aborting running requests")
         if self.tm is not None and not self.tm.dead_reason:
-            self.tm.abort_request(abort_all=True)
+            self.tm.abort_request(abort_all=True, message="The server is shutting down")
 
     async def stop(self) -> None:
         """Stop the runtime (and its child processes)."""
@@ -153,6 +156,16 @@ class ServerState:
         if reason is not None:
             raise APIError(reason, 503)
         return self.tm
+
+    def tokenizer_engine(self, what: str) -> Any:
+        """The TokenizerManager for a route that needs the tokenizer: a 400 with
+        --skip-tokenizer-init (which loads none), a 503 unless serving."""
+        tm = self.engine()
+        if tm.tokenizer is None:
+            raise APIError(f"{what} needs the tokenizer, and this server runs with "
+                           "--skip-tokenizer-init: send token ids ('input_ids') to /generate",
+                           400)
+        return tm
 
     @property
     def is_generation(self) -> bool:

@@ -24,8 +24,10 @@ class OutputProcessor:
     """Finish checks after a token is appended, and the outputs due to the detokenizer."""
 
     def __init__(
-        self, args: ServerArgs, tokenizer: TokenDecoder, eos_token_ids: set[int], context_len: int
+        self, args: ServerArgs, tokenizer: TokenDecoder | None, eos_token_ids: set[int],
+        context_len: int,
     ) -> None:
+        """tokenizer: decodes output tails for stop strings (None: requests have none)."""
         self.stream_interval = args.stream_interval
         self.reports_spec = args.speculative_algorithm is not None
         self.tokenizer = tokenizer
@@ -59,7 +61,7 @@ class OutputProcessor:
             return FinishReason("length")
         if req.num_tokens >= self.context_len:
             return FinishReason("length")
-        if params.stop and num_output >= params.min_new_tokens:
+        if params.stop and num_output >= params.min_new_tokens and self.tokenizer is not None:
             window = max(len(s) for s in params.stop) + 3 + num_new_tokens
             tail = self.tokenizer.decode(
                 req.output_tail(max(num_output - window, 0)),

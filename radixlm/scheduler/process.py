@@ -78,12 +78,15 @@ def _build_scheduler(server_args: ServerArgs, model_dir: str) -> Scheduler:
 
     torch.manual_seed(server_args.random_seed)  # the RNG of requests that give no seed
     tokenizer_path = server_args.tokenizer_path or model_dir
-    tokenizer = load_decode_tokenizer(tokenizer_path)
+    # --skip-tokenizer-init: no stop strings, grammars or jump-forward (validation refuses
+    # them), and EOS comes from the model's config alone.
+    skip = server_args.skip_tokenizer_init
+    tokenizer = None if skip else load_decode_tokenizer(tokenizer_path)
     runner = ModelRunner(server_args, model_dir)
-    if tokenizer.eos_token_id is not None:
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
         runner.eos_token_ids.add(int(tokenizer.eos_token_id))
     grammars = None
-    if server_args.grammar_backend != "none":
+    if server_args.grammar_backend != "none" and not skip:
         grammars = GrammarManager(server_args, tokenizer_path, runner.vocab_size,
                                   runner.eos_token_ids)
     return Scheduler(server_args, runner, tokenizer, grammars)

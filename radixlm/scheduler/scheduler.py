@@ -53,10 +53,11 @@ class Scheduler:
         self,
         server_args: ServerArgs,
         runner: ModelRunner,
-        tokenizer: TokenDecoder,
+        tokenizer: TokenDecoder | None,
         grammars: GrammarManager | None = None,
     ) -> None:
-        """grammars: compiles constrained requests' grammars; None serves no grammars."""
+        """grammars: compiles constrained requests' grammars; None serves no grammars.
+        tokenizer: None with --skip-tokenizer-init (no stop strings, no jump-forward)."""
         self.args = server_args
         self.runner = runner
         self.kv = KVManager(
@@ -69,7 +70,7 @@ class Scheduler:
                                       runner.context_len)
         self.grammars = grammars
         self.jump_forward = (
-            None if server_args.disable_jump_forward
+            None if server_args.disable_jump_forward or tokenizer is None
             else JumpForward(tokenizer, runner.context_len)
         )
         self.drafter = (

@@ -159,3 +159,11 @@ def final_dict(out: GenerateOutput) -> dict[str, Any]:
     if out.hidden_states is not None:
         meta["hidden_states"] = sglang_hidden_states(out.hidden_states, 0, out.prompt_tokens)
     return {"index": out.index, "text": out.text, "output_ids": out.token_ids, "meta_info": meta}
+
+
+def token_only(d: dict[str, Any], no_text: bool) -> dict[str, Any]:
+    """With --skip-tokenizer-init (`no_text`), an output dict without its text fields, as
+    SGLang answers then (`output_ids` and `meta_info`); else `d` itself."""
+    if not no_text:
+        return d
+    return {k: v for k, v in d.items() if k not in ("text", "delta")}

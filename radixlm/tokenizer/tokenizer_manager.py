@@ -58,8 +58,8 @@ from radixlm.io_struct import (
     sample_rid,
 )
 from radixlm.multimodal.mm_inputs import MultimodalInputs
-from radixlm.multimodal.processor import create_mm_processor
-from radixlm.sampling.sampling_params import SamplingParams, sample_seed
+from radixlm.multimodal.processor import TextOnlyProcessor, create_mm_processor
+from radixlm.sampling.sampling_params import GRAMMAR_PARAMS, SamplingParams, sample_seed
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
 from radixlm.tokenizer.generate_output import GenerateOutput, LogprobItem
@@ -125,6 +125,7 @@ class _SampleState:
         default_factory=asyncio.Queue)
     finished: bool = False
     first_token_time: float | None = None
+    last_token_time: float | None = None
     # A non-streaming sample's output so far, joined into its one output at the end.
     text_parts: list[str] = field(default_factory=list)
     hidden_states: list[list[float]] = field(default_factory=list)
@@ -148,9 +149,14 @@ class TokenizerManager:
 
         self.args = server_args
         self.model_dir = model_dir
-        self.tokenizer = tokenizer or load_tokenizer(server_args.tokenizer_path or model_dir)
+        # None with --skip-tokenizer-init: token ids in, token ids out.
+        self.tokenizer: Any = None
+        if not server_args.skip_tokenizer_init:
+            self.tokenizer = tokenizer or load_tokenizer(server_args.tokenizer_path or model_dir)
         self.tokenizer_workers = AsyncTokenizer(self.tokenizer)
-        self.mm_processor = create_mm_processor(server_args, model_dir, self.tokenizer)
+        self.mm_processor = (
+            TextOnlyProcessor(server_args.model_name) if self.tokenizer is None
+            else create_mm_processor(server_args, model_dir, self.tokenizer))
         self.ctx = zmq.asyncio.Context(1)
         self.ctx.setsockopt(zmq.LINGER, 0)  # closing never waits on a dead child
         self.to_scheduler = self.ctx.socket(zmq.PUSH)
@@ -164,6 +170,8 @@ class TokenizerManager:
         self.control_waiters: dict[type, list[asyncio.Future[Any]]] = {}
         self.last_receive_time = time.monotonic()
         self.on_sample_finished: Callable[[GenerateOutput], None] | None = None
+        # (seconds since the sample's previous tokens, number of new tokens): metrics
+        self.on_tokens: Callable[[float, int], None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.model_path: str = server_args.model_path or model_dir  # changes with weights
         # Weight updates: calls in flight hold the weights; an update waits for none.
@@ -219,7 +227,8 @@ class TokenizerManager:
         """Abort what is unfinished and drop every state (however the call ended)."""
         for s in states:
             if not s.finished:
-                self.abort_request(s.rid)
+                self.abort_request(s.rid, message="The client disconnected or stopped "
+                                   "reading the response")
         for s in states:
             self.states.pop(s.rid, None)
 
@@ -297,8 +306,10 @@ class TokenizerManager:
             raise ValueError("return_hidden_states needs a server started with "
                              "--enable-return-hidden-states")
         self._check_priority(single.priority)
-        vocab_size = self.model_info.get("vocab_size", len(self.tokenizer))
+        vocab_size = self.model_info.get("vocab_size") or len(self.tokenizer)
         context_len = self.model_info.get("context_length", 1 << 30)
+        if self.tokenizer is None:
+            _check_token_only(single)
         if single.input_ids is not None:
             input_ids = single.input_ids
             if len(input_ids) >= context_len:  # media only add tokens: refuse it now
@@ -402,10 +413,12 @@ class TokenizerManager:
             for t in tasks:
                 t.cancel()
 
-    def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
+    def abort_request(self, rid: str | None = None, abort_all: bool = False,
+                      message: str = "Aborted by request") -> None:
+        """Abort a request (its samples) or all; `message`: the reason the scheduler logs."""
         if self.dead_reason:
             return
-        self.to_scheduler.send_pyobj(AbortReq(rid=rid, abort_all=abort_all))
+        self.to_scheduler.send_pyobj(AbortReq(rid=rid, abort_all=abort_all, message=message))
 
     # ------------------------------------------------------------------ control
 
@@ -425,7 +438,7 @@ class TokenizerManager:
             self._no_update.clear()
             try:
                 if abort_all_requests:
-                    self.abort_request(abort_all=True)
+                    self.abort_request(abort_all=True, message="Aborted for a weight update")
                 await self._weights_free.wait()
                 reply: UpdateWeightsFromDiskOut = await self._control(
                     UpdateWeightsFromDiskReq(model_path, load_format), UpdateWeightsFromDiskOut,
@@ -481,8 +494,13 @@ class TokenizerManager:
         if state is None or state.finished:
             return
         tok = msg.token_out
-        if state.first_token_time is None and tok.new_token_ids:
-            state.first_token_time = time.monotonic()
+        if tok.new_token_ids:
+            now = time.monotonic()
+            if state.first_token_time is None:
+                state.first_token_time = now
+            elif self.on_tokens is not None and state.last_token_time is not None:
+                self.on_tokens(now - state.last_token_time, len(tok.new_token_ids))
+            state.last_token_time = now
         out = GenerateOutput(
             index=state.index,
             rid=state.rid,
@@ -516,6 +534,8 @@ class TokenizerManager:
         """The delta's logprobs as `[logprob, token_id, text]` items (see generate_output);
         a prompt position without a logprob (the first one) is `[None, token_id, text]`."""
         with_text = state.return_text_in_logprobs
+
+        with_text = with_text and self.tokenizer is not None
 
         def item(e: LogprobEntry) -> LogprobItem:
             logprob, token_id = e
@@ -584,6 +604,21 @@ class TokenizerManager:
         self.to_scheduler.close(linger=0)
         self.recv.close(linger=0)
         self.ctx.term()
+
+
+def _check_token_only(single: SingleReq) -> None:
+    """--skip-tokenizer-init: refuse (ValueError, a 400) what needs the tokenizer."""
+    why = " needs the tokenizer, and this server runs with --skip-tokenizer-init"
+    if single.input_ids is None:
+        raise ValueError("A text prompt" + why + ": send 'input_ids' instead of 'text'")
+    params = single.sampling_params
+    if params.get("stop"):
+        raise ValueError("'stop' (stop strings)" + why + ": use 'stop_token_ids'")
+    for name in GRAMMAR_PARAMS:
+        if params.get(name) is not None:
+            raise ValueError(f"'{name}' (a grammar){why}")
+    if single.image_data or single.video_data:
+        raise ValueError("Images and videos" + why)
 
 
 def _accumulate(state: _SampleState, out: GenerateOutput) -> None:

@@ -89,7 +89,7 @@ async def responses(request: Request) -> Response:
 @router.post("/tokenize")
 async def tokenize(request: Request) -> Response:
     state = state_of(request)
-    tm = state.engine()
+    tm = state.tokenizer_engine("/v1/tokenize")
     req = await parse_body(request, TokenizeRequest)
     prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
     tokens = [await tm.tokenizer_workers.encode(p, req.add_special_tokens) for p in prompts]
@@ -102,7 +102,7 @@ async def tokenize(request: Request) -> Response:
 
 @router.post("/detokenize")
 async def detokenize(request: Request) -> Response:
-    tm = state_of(request).engine()
+    tm = state_of(request).tokenizer_engine("/v1/detokenize")
     req = await parse_body(request, DetokenizeRequest)
     single = not req.tokens or isinstance(req.tokens[0], int)
     batch: list[list[int]] = [req.tokens] if single else req.tokens  # type: ignore[list-item,assignment]

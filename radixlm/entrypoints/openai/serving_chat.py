@@ -62,7 +62,7 @@ class ChatJob(NamedTuple):
 async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
     """Validate the tools, render the prompt and build the runtime request (also used
     by /v1/responses); APIError(400) on bad input."""
-    tm = state.engine()
+    tm = state.tokenizer_engine("A chat request")
     assert state.agents is not None
     tools = plan_tools(state.agents, state.args.grammar_backend, req.tools, req.tool_choice,
                        req.parallel_tool_calls, req.tool_call_constrained, req.has_grammar)

@@ -70,7 +70,7 @@ def _safe_decode(tokenizer: Any, ids: list[int]) -> str:
 
 
 async def create_completion(request: Request, state: ServerState) -> Response:
-    tm = state.engine()
+    tm = state.tokenizer_engine("/v1/completions")
     req = await parse_body(request, CompletionRequest)
     workers = tm.tokenizer_workers
     try:
