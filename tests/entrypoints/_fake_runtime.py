@@ -207,7 +207,8 @@ class FakeTokenizerManager:
         ids = [tok] + [t for t in (65, 66, 67, 68, 69) if t != tok]
         return [[-0.5 - i, t, self.tokenizer.decode([t])] for i, t in enumerate(ids[:num])]
 
-    def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
+    def abort_request(self, rid: str | None = None, abort_all: bool = False,
+                      message: str = "Aborted by request") -> None:
         for key, sample in self.states.items():
             if abort_all or key == rid:
                 sample.aborted = True

@@ -171,7 +171,7 @@ def test_log_lines_and_sglang_metric_names(ids_server: ServerProcess,
     with httpx.stream("POST", ids_server.url + "/generate", timeout=120, json={
             "input_ids": PROMPT_IDS, "stream": True, "rid": "to-abort",
             "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}) as s:
-        for i, line in enumerate(s.iter_lines()):
+        for i, _line in enumerate(s.iter_lines()):
             if i == 20:
                 ids_http.post("/abort_request", json={"rid": "to-abort"})
     log = ids_server.log_path.read_text(errors="replace")
