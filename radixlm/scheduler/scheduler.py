@@ -35,6 +35,7 @@ from radixlm.scheduler.kv_manager import KVManager
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.policy import NewTokenRatio, PriorityOrder, order_waiting
 from radixlm.scheduler.pooling import pooling_info
+from radixlm.scheduler.preemption import RoomNeeded, preemption_victims
 from radixlm.scheduler.profiler import Profiler
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.step_plan import ScheduledReq, StepPlan
@@ -241,8 +242,10 @@ class Scheduler:
         is behind its token list by `num_pending_tokens`; the step hands out a
         budget of `max_prefill_tokens` tokens:
         1. every decoding request (1 pending token) gets its token; if the KV
-           pool cannot hold them even after evicting the cache, the newest
-           requests are retracted until it can; with speculative decoding,
+           pool cannot hold them even after evicting the cache, the least
+           urgent (then newest) requests are retracted until it can; with
+           priority scheduling, running requests may also be preempted for a
+           more urgent waiting one (preemption.py); with speculative decoding,
            decoding requests then add their drafted tokens while budget and
            KV slots last (speculative/ngram_drafter.py);
         2. requests part-way through their prompt get chunks of at most
@@ -471,44 +474,27 @@ class Scheduler:
         return self.priority.retraction_order(self.running)[0]
 
     def _preempt_for_urgent(self) -> None:
-        """Priority scheduling: if the most urgent waiting request cannot be admitted now
-        (no request slot, or too little KV for its next chunk and the reserve), retract
-        running requests it may preempt (policy.py), least urgent first, until it can.
-        If even all of them would not make room, retract none."""
-        order_waiting(self.waiting, self.args.schedule_policy, self.kv.prefix_hit_len,
-                      self.priority)
-        urgent = self.waiting[0]
-        victims = [r for r in self.priority.retraction_order(self.running)
-                   if self.priority.may_preempt(urgent, r)]
-        if not victims or not self.groups.allows(urgent):
+        """Retract running requests so the most urgent waiting one fits (preemption.py)."""
+        urgent = min(self.waiting, key=lambda r: (self.priority.rank(r), r.arrival_seq))
+        candidates = [r for r in self.priority.retraction_order(self.running)
+                      if self.priority.may_preempt(urgent, r)]
+        if not candidates or not self.groups.allows(urgent):
             return
         match = self.kv.match(urgent)
-        num_tokens = min(urgent.num_tokens - len(match.kv_indices),
-                         self.args.chunked_prefill_size, self.args.max_prefill_tokens)
-        num_available = self.kv.num_available_slots() - match.lock_cost
-        remaining, chosen = list(self.running), list[Req]()
-        while True:
-            num_decodes = sum(1 for r in remaining if r.num_pending_tokens == 1)
-            reserve = self.new_token_ratio.reserve(remaining + [urgent]) if remaining else 0
-            has_row = len(remaining) < self.args.max_running_requests and (
-                bool(chosen) or self.kv.has_free_row())
-            if has_row and num_available - num_decodes - reserve >= num_tokens:
-                break
-            if not victims:
-                return
-            victim = victims.pop(0)
-            chosen.append(victim)
-            remaining.remove(victim)
-            # Its own slots go back, and its prefix becomes evictable unless another
-            # running request shares it (then this overestimates; the next step retries).
-            num_available += victim.kv_len
-        for victim in chosen:
+        room = RoomNeeded(
+            num_tokens=min(urgent.num_tokens - len(match.kv_indices),
+                           self.args.chunked_prefill_size, self.args.max_prefill_tokens),
+            num_available=self.kv.num_available_slots() - match.lock_cost,
+            has_free_row=self.kv.has_free_row(), max_running=self.args.max_running_requests)
+        for victim in preemption_victims(urgent, self.running, candidates, room,
+                                         self.new_token_ratio.reserve):
             self._retract(victim, f"preempted by {urgent.rid!r} (priority {urgent.priority} "
                           f"over {victim.priority})")
             self.num_preemptions += 1
 
     def _retract_until_decodes_fit(self) -> None:
-        """Retract the newest requests until every decode's next token has a slot."""
+        """Retract requests (the least urgent, then the newest) until every decode's next
+        token has a slot."""
         while self.running:
             num_decodes = sum(1 for r in self.running if r.num_pending_tokens == 1)
             if self.kv.num_available_slots() >= num_decodes:
