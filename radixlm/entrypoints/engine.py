@@ -102,7 +102,7 @@ class Engine:
             return_logprob=return_logprob, logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num, stream=stream, image_data=image_data,
             video_data=video_data, return_hidden_states=return_hidden_states,
-            video_data=video_data, priority=priority,
+            priority=priority,
         )
         obj.default_prompt_logprobs()
         if stream:

@@ -70,12 +70,14 @@ class OutputProcessor:
             matched = find_stop_string(tail, params.stop)
             if matched is not None:
                 return FinishReason("stop", matched=matched)
-        if params.stop_regex and num_output >= params.min_new_tokens:
+        if (params.stop_regex and num_output >= params.min_new_tokens
+                and self.tokenizer is not None):
             return self._check_stop_regex(req, num_new_tokens)
         return None
 
     def _check_stop_regex(self, req: Req, num_new_tokens: int) -> FinishReason | None:
         params = req.sampling_params
+        assert self.tokenizer is not None, "validation refuses stop_regex without a tokenizer"
         window = tail_tokens_needed(params.stop_regex) + num_new_tokens
         tail = self.tokenizer.decode(
             req.output_tail(max(req.num_output_tokens - window, 0)),

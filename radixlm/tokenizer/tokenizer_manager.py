@@ -614,6 +614,8 @@ def _check_token_only(single: SingleReq) -> None:
     params = single.sampling_params
     if params.get("stop"):
         raise ValueError("'stop' (stop strings)" + why + ": use 'stop_token_ids'")
+    if params.get("stop_regex"):
+        raise ValueError("'stop_regex'" + why + ": use 'stop_token_ids'")
     for name in GRAMMAR_PARAMS:
         if params.get(name) is not None:
             raise ValueError(f"'{name}' (a grammar){why}")

@@ -78,6 +78,7 @@ def test_token_ids_in_token_ids_out(ids_http: httpx.Client, http: httpx.Client) 
     ({"text": "Hello"}, "send 'input_ids'"),
     ({"input_ids": PROMPT_IDS, "sampling_params": {"stop": ["."]}}, "stop_token_ids"),
     ({"input_ids": PROMPT_IDS, "sampling_params": {"regex": "a+"}}, "'regex'"),
+    ({"input_ids": PROMPT_IDS, "sampling_params": {"stop_regex": "a+"}}, "'stop_regex'"),
 ])
 def test_what_needs_the_tokenizer_is_a_400(ids_http: httpx.Client, body: dict,
                                            needle: str) -> None:
