@@ -157,6 +157,23 @@ class ServerArgs:
                                        "batch results) may take together.")
     profile_dir: str | None = _opt(None, "Folder for /start_profile traces when the request "
                                    "names none (default: $TMPDIR/radixlm-profiles).")
+    # Parallelism (README "Scaling out")
+    tp_size: int = _opt(1, "Tensor-parallel ranks: processes that each hold a shard of the "
+                        "model (heads, MLP, vocabulary) and run every step together "
+                        "(torch.distributed: gloo on the CPU, NCCL on CUDA).")
+    dp_size: int = _opt(1, "Data-parallel replicas, each a scheduler with its own KV pool "
+                        "(and its own --tp-size ranks), behind one tokenizer.")
+    load_balance_method: str = _opt("round_robin", "How --dp-size replicas get requests: "
+                                    "round_robin | shortest_queue (fewest unfinished).",
+                                    choices=["round_robin", "shortest_queue"])
+    nnodes: int = _opt(1, "Machines one TP group spans (its ranks split evenly).")
+    node_rank: int = _opt(0, "This machine's index among --nnodes; 0 serves HTTP, the others "
+                          "run their TP ranks only.")
+    dist_init_addr: str | None = _opt(None, "HOST:PORT where the TP ranks meet (node 0's "
+                                      "address; required with --nnodes > 1; default: a free "
+                                      "loopback port).")
+    dist_timeout: float = _opt(120.0, "Seconds a TP collective may wait for a rank before "
+                               "the server fails (a dead or hung rank).")
 
     # Service
     host: str = _opt("127.0.0.1", "Address to bind.")
@@ -208,6 +225,7 @@ class ServerArgs:
                              "and at most --speculative-ngram-max-match-window-size")
         if not 0.0 <= self.speculative_min_acceptance_rate <= 1.0:
             raise ValueError("--speculative-min-acceptance-rate must be in [0, 1]")
+        self._check_parallelism()
         if self.media_fetch_timeout <= 0 or self.max_media_bytes < 1:
             raise ValueError("--media-fetch-timeout and --max-media-bytes must be positive")
         if self.file_storage_max_bytes < 1:
@@ -228,6 +246,31 @@ class ServerArgs:
         import tempfile
 
         return self.profile_dir or os.path.join(tempfile.gettempdir(), "radixlm-profiles")
+
+    def _check_parallelism(self) -> None:
+        if self.tp_size < 1 or self.dp_size < 1 or self.nnodes < 1:
+            raise ValueError("--tp-size, --dp-size and --nnodes must be at least 1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in [0, {self.nnodes}) with --nnodes "
+                             f"{self.nnodes}")
+        if self.tp_size % self.nnodes:
+            raise ValueError(f"--tp-size {self.tp_size} must divide evenly over --nnodes "
+                             f"{self.nnodes}")
+        if self.nnodes > 1 and (self.dist_init_addr is None or self.dp_size > 1):
+            raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's "
+                             "address) and --dp-size 1")
+        if self.dist_init_addr is not None:
+            host, sep, port = self.dist_init_addr.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"--dist-init-addr must be HOST:PORT, not "
+                                 f"{self.dist_init_addr!r}")
+        if self.dist_timeout <= 0:
+            raise ValueError("--dist-timeout must be positive")
+
+    @property
+    def num_local_tp_ranks(self) -> int:
+        """TP ranks on each node."""
+        return self.tp_size // self.nnodes
 
     @property
     def priority_scheduling(self) -> bool:

@@ -35,6 +35,7 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 TARGETS = {
     "scheduler": "radixlm.scheduler.process:run_scheduler_process",
     "detokenizer": "radixlm.detokenizer.detokenizer_manager:run_detokenizer_process",
+    "tp_worker": "radixlm.distributed.worker:run_tp_worker_process",
 }
 
 

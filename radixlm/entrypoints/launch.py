@@ -1,7 +1,9 @@
-"""Start and stop the engine's child processes (scheduler, detokenizer).
+"""Start and stop the engine's child processes (scheduler, detokenizer, TP ranks).
 
 Shared by the offline Engine and the HTTP server: the caller runs the
-TokenizerManager in its own event loop and passes `is_alive` to its watchdog.
+TokenizerManager in its own event loop and passes `is_alive` to its watchdog,
+which watches every child, each TP rank of this node included: a rank that
+dies fails the server at once, without waiting for a collective's timeout.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import shutil
 from collections.abc import Callable
 
+from radixlm.distributed.parallel_state import TPConfig, check_tp_layout, free_loopback_addr
 from radixlm.entrypoints.child_process import ChildProcess
 from radixlm.server_args import ServerArgs
 from radixlm.utils import PortArgs
@@ -48,9 +51,58 @@ def start_children(args: ServerArgs, model_dir: str) -> tuple[PortArgs, list[Chi
     it get the kernel's parent-death signal (see child_process.py).
     """
     prepare_environment()
+    check_model_layout(args, model_dir)
     ports = PortArgs.create()
-    procs = [ChildProcess(kind, (args, model_dir, ports)) for kind in ("scheduler", "detokenizer")]
+    init_addr = args.dist_init_addr or free_loopback_addr()
+    procs = [ChildProcess("scheduler", (args, model_dir, ports, tp_config(args, 0, init_addr))),
+             ChildProcess("detokenizer", (args, model_dir, ports))]
+    try:
+        procs += start_worker_ranks(args, model_dir, init_addr)
+    except BaseException:
+        stop_children(procs, ports)
+        raise
     return ports, procs
+
+
+def check_model_layout(args: ServerArgs, model_dir: str) -> None:
+    """Raise ValueError at start-up when --tp-size cannot split the model."""
+    if args.tp_size > 1:
+        from transformers import AutoConfig
+
+        if args.is_embedding:
+            raise ValueError("--tp-size > 1 serves generative models; not with --is-embedding")
+
+        check_tp_layout(AutoConfig.from_pretrained(model_dir), args.tp_size)
+
+
+def tp_config(args: ServerArgs, rank: int, init_addr: str) -> TPConfig | None:
+    """Rank `rank`'s TPConfig; None without tensor parallelism."""
+    if args.tp_size == 1:
+        return None
+    local = args.num_local_tp_ranks
+    return TPConfig(rank=rank, size=args.tp_size, init_addr=init_addr,
+                    backend="nccl" if args.device == "cuda" else "gloo",
+                    timeout=args.dist_timeout, local_rank=rank % local, num_local_ranks=local)
+
+
+def start_worker_ranks(args: ServerArgs, model_dir: str,
+                       init_addr: str | None = None) -> list[ChildProcess]:
+    """This node's TP ranks other than 0 (each its own process, see distributed/worker.py)."""
+    if args.tp_size == 1:
+        return []
+    if args.node_rank > 0:
+        check_model_layout(args, model_dir)
+    prepare_environment()
+    addr = init_addr or args.dist_init_addr
+    assert addr is not None, "a node other than 0 needs --dist-init-addr"
+    local = args.num_local_tp_ranks
+    first = args.node_rank * local
+    procs: list[ChildProcess] = []
+    for rank in range(max(first, 1), first + local):
+        proc = ChildProcess("tp_worker", (args, model_dir, tp_config(args, rank, addr)))
+        proc.name = f"radixlm-tp{rank}"
+        procs.append(proc)
+    return procs
 
 
 def make_is_alive(procs: list[ChildProcess]) -> Callable[[], str | None]:

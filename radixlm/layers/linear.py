@@ -33,9 +33,13 @@ from radixlm.layers.cpu_gemm import (
 WeightLoader = Callable[..., None]
 
 
-def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+def default_weight_loader(param: torch.Tensor, loaded_weight: Any) -> None:
     """Copy a whole tensor into a parameter (or a view of one) of the same shape, casting
-    dtype and device. Bumps the parameter's version counter, so caches derived from it refresh."""
+    dtype and device. Bumps the parameter's version counter, so caches derived from it refresh.
+
+    `loaded_weight` is a tensor or a model_loader.loader.LazyWeight (read here, whole)."""
+    if not isinstance(loaded_weight, torch.Tensor):
+        loaded_weight = loaded_weight.materialize()
     if param.shape != loaded_weight.shape:
         raise ValueError(
             f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded_weight.shape)}"

@@ -2,7 +2,8 @@
 
 Rank r owns vocabulary rows `[r * per_partition, (r + 1) * per_partition)`
 (the last partition padded). With `tp_size > 1` the embedding looks up its own
-rows, zeroes the rest and all-reduces; the head all-gathers its logit columns.
+rows, zeroes the rest and all-reduces; the head gathers its logit columns on
+rank 0, the rank that samples (the other ranks keep their own part, unused).
 With `tp_size == 1` both are the plain operations.
 
 `ParallelLMHead` can share its weight with the embedding (tied embeddings).
@@ -113,7 +114,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         return "int8" if self._int8 is not None else "packed" if self._packed is not None else "dense"
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [M, embedding_dim] → float32 logits [M, num_embeddings]."""
+        """hidden [M, embedding_dim] → float32 logits [M, num_embeddings] (with tp_size > 1:
+        on rank 0; the other ranks get their own columns [M, per_partition])."""
         if self._int8 is not None:
             logits = int8_linear(hidden, self._int8, None)  # [M, per_partition]
         elif self._packed is not None:
@@ -123,7 +125,11 @@ class ParallelLMHead(VocabParallelEmbedding):
         else:
             logits = F.linear(hidden, self.weight)  # [M, per_partition]
         if self.tp_size > 1:
+            logits = logits.contiguous()
+            if self.tp_rank != 0:
+                torch.distributed.gather(logits, None, dst=0)
+                return logits.float()  # [M, per_partition], this rank's part
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
-            torch.distributed.all_gather(parts, logits)
+            torch.distributed.gather(logits, parts, dst=0)
             logits = torch.cat(parts, dim=-1)  # [M, tp_size * per_partition]
         return logits[:, : self.num_embeddings].float()

@@ -7,6 +7,12 @@ model, computes logits only for the rows that need them (each item's sampled
 rows, plus prompt-logprob positions), applies the step's grammar masks,
 samples, and returns plain Python results. It keeps one piece of state per
 request between steps: a seeded request's RNG, under its rid.
+
+Tensor parallelism (`--tp-size N`): every rank builds a runner on its shard of
+the model and its own KV pool for its heads. Rank 0's `forward()` first
+broadcasts the step (distributed/step_sync.py); the other ranks run
+`forward_shard()` on it, which computes the same layers (their all-reduces and
+the logits gather meet rank 0's) and samples nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +24,13 @@ from typing import Any, NamedTuple
 
 import torch
 
+from radixlm.distributed.parallel_state import (
+    TPConfig,
+    init_tp_group,
+    kv_heads_per_rank,
+    tp_rank_size,
+)
+from radixlm.distributed.step_sync import StepBroadcaster
 from radixlm.io_struct import LogprobEntry
 from radixlm.layers.attention import AttentionBackend, create_attention_backend
 from radixlm.layers.cpu_gemm import prepare_model
@@ -52,8 +65,19 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _min_over_ranks(value: int) -> int:
+    """The smallest `value` over the TP group (every rank must size its pool alike)."""
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
 def _available_memory_bytes(device: str) -> int:
-    if device == "cuda":
+    if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info()
         return int(free)
     with open("/proc/meminfo") as f:
@@ -64,13 +88,23 @@ def _available_memory_bytes(device: str) -> int:
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, model_dir: str) -> None:
+    def __init__(self, args: ServerArgs, model_dir: str, tp: TPConfig | None = None) -> None:
+        """tp: this rank's place in its tensor-parallel group; None: one process, no group."""
         self.args = args
         self.device = args.device
+        num_local_ranks = tp.num_local_ranks if tp is not None else 1
         if args.device == "cpu":
-            torch.set_num_threads(args.num_threads or _usable_cores())
+            # NOTE: the ranks of a node share its cores: each takes its share, or they
+            # oversubscribe them and every collective waits for a descheduled thread.
+            torch.set_num_threads(args.num_threads or max(_usable_cores() // num_local_ranks, 1))
             logger.info("CPU threads: %d (OMP_WAIT_POLICY=%s)", torch.get_num_threads(),
                         os.environ.get("OMP_WAIT_POLICY", "default"))
+        elif tp is not None:
+            torch.cuda.set_device(tp.local_rank)
+            self.device = f"cuda:{tp.local_rank}"
+        if tp is not None and tp.size > 1 and not torch.distributed.is_initialized():
+            init_tp_group(tp)
+        self.tp_rank, self.tp_size = tp_rank_size()
         self.precision = resolve_precision(args.dtype, args.quantization, args.device)
         self.dtype = self.precision.dtype
         logger.info("Precision: %s", self.precision.describe())
@@ -86,6 +120,12 @@ class ModelRunner:
         self.grammar_mask_seconds = 0.0  # filling + applying grammar masks, all steps
         self.num_grammar_mask_steps = 0
         self._generators: dict[str, torch.Generator] = {}  # seeded requests' RNGs, by rid
+        # Rank 0 of a TP group: sends each step to the other ranks.
+        self.step_broadcaster: StepBroadcaster | None = None
+        if self.tp_size > 1 and self.tp_rank == 0:
+            assert tp is not None
+            self.step_broadcaster = StepBroadcaster(self.req_to_token_pool.req_to_token,
+                                                    tp.timeout)
 
     def _create_attention_backend(self, name: str) -> AttentionBackend:
         if name == "auto":
@@ -98,7 +138,8 @@ class ModelRunner:
         """The model as served (loaded, then quantized or packed for the CPU), and its
         config: the same at start-up and for a weight update."""
         model, config = load_model(model_dir, self.dtype, self.device,
-                                   is_embedding=self.args.is_embedding, shapes=shapes)
+                                   is_embedding=self.args.is_embedding, shapes=shapes,
+                                   shard_only=self.tp_size > 1)
         quantization = self.precision.quantization
         if quantization != "none" or (self.device == "cpu" and not self.args.disable_cpu_prepack):
             num_int8, num_packed = prepare_model(model, quantization)
@@ -120,6 +161,7 @@ class ModelRunner:
         uses_kv = not isinstance(self.model, PoolingModel) or self.model.is_causal
         num_layers = int(cfg.num_hidden_layers) if uses_kv else 0
         num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        num_kv_heads = kv_heads_per_rank(num_kv_heads, self.tp_size)  # this rank's heads
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         num_tokens = self.args.max_total_tokens
         if num_tokens is None:
@@ -128,6 +170,8 @@ class ModelRunner:
             budget = int(_available_memory_bytes(self.device) * self.args.mem_fraction)
             num_tokens = min(budget // per_token, self.args.max_running_requests * self.context_len)
         num_tokens = max(int(num_tokens), 2)
+        if self.tp_size > 1:
+            num_tokens = _min_over_ranks(num_tokens)  # rank 0 allocates slots for every rank
         self.token_to_kv_pool = TokenToKVPool(
             num_tokens, num_layers, num_kv_heads, head_dim, self.dtype, self.device
         )
@@ -148,17 +192,42 @@ class ModelRunner:
         """Run one forward pass and sample its sampled rows (see forward_step.py)."""
         for rid in step.released_rids:
             self._generators.pop(rid, None)
-        batch, layout = self._build_batch(step)
-        self.attn_backend.init_forward_metadata(batch)
-        if isinstance(self.model, PoolingModel):
+        if isinstance(self.model, PoolingModel):  # (never tensor-parallel: launch.py refuses)
+            batch, _ = self._build_batch(step)
+            self.attn_backend.init_forward_metadata(batch)
             return self._pool(step, batch)
-        hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, hidden]
-        assert batch.logits_indices is not None
-        logits = self.model.compute_logits(hidden[batch.logits_indices])  # [M, V]
+        if self.step_broadcaster is not None:
+            self.step_broadcaster.send_step(step)
+        logits, layout = self._forward_logits(step)  # [M, V]
         next_ids, token_lps, top_lps = self._sample(step, logits, layout.sample_rows)
         return StepResult(next_ids, token_lps, top_lps,
                           self._prompt_logprobs(step, logits, layout.prompt_rows),
                           hidden_states=_hidden_states(step, hidden))
+
+    @torch.inference_mode()
+    def forward_shard(self, step: ForwardStep) -> None:
+        """A TP rank other than 0: compute this rank's shard of the step (rank 0 samples)."""
+        self._forward_logits(step)
+
+    def _forward_logits(self, step: ForwardStep) -> tuple[torch.Tensor, _LogitsLayout]:
+        """logits [M, V] of the step's logit rows (on ranks other than 0 of a TP group,
+        this rank's vocabulary part, unused), and where each row sits."""
+        batch, layout = self._build_batch(step)
+        self.attn_backend.init_forward_metadata(batch)
+        hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, hidden]
+        assert batch.logits_indices is not None
+        return self.model.compute_logits(hidden[batch.logits_indices]), layout  # [M, V]
+
+    def keep_alive(self) -> None:
+        """Rank 0 of a TP group: a heartbeat to the other ranks when it has been idle."""
+        if self.step_broadcaster is not None:
+            self.step_broadcaster.keep_alive()
+
+    def stop_workers(self) -> None:
+        """Rank 0 of a TP group: tell the other ranks to exit."""
+        if self.step_broadcaster is not None:
+            self.step_broadcaster.stop()
+            self.step_broadcaster = None
 
     def _build_batch(self, step: ForwardStep) -> tuple[ForwardBatch, _LogitsLayout]:
         input_ids: list[int] = []

@@ -47,8 +47,32 @@ def _weight_files(model_dir: str) -> tuple[list[str], str]:
     raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin weights in {model_dir}")
 
 
-def iterate_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (Hugging Face name, CPU tensor) for every tensor of the checkpoint in model_dir."""
+class LazyWeight:
+    """A checkpoint tensor not read yet: `narrow()` reads only the part asked for.
+
+    Stands in for a torch.Tensor in the layers' weight loaders (linear.py), which
+    call only `shape`, `narrow` and, through default_weight_loader, `materialize`.
+    Valid while the weight iterator that yielded it has not moved on.
+    """
+
+    def __init__(self, tensor_slice: Any) -> None:
+        self._slice = tensor_slice  # safetensors' PySafeSlice
+        self.shape = torch.Size(tensor_slice.get_shape())
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        index = [slice(None)] * dim + [slice(start, start + length)]
+        return self._slice[tuple(index)]  # type: ignore[no-any-return]
+
+    def materialize(self) -> torch.Tensor:
+        return self._slice[:]  # type: ignore[no-any-return]
+
+
+def iterate_weights(model_dir: str, lazy: bool = False) -> Iterator[tuple[str, Any]]:
+    """Yield (Hugging Face name, CPU tensor) for every tensor of the checkpoint in model_dir;
+    with `lazy`, safetensors tensors come as LazyWeights (read when narrowed)."""
     files, kind = _weight_files(model_dir)
     for path in files:
         if kind == "safetensors":
@@ -56,7 +80,7 @@ def iterate_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
 
             with safe_open(path, framework="pt", device="cpu") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    yield name, f.get_tensor(name)
+                    yield name, LazyWeight(f.get_slice(name)) if lazy else f.get_tensor(name)
         else:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             yield from state.items()
@@ -86,13 +110,15 @@ def _recording(weights: Iterator[tuple[str, torch.Tensor]], shapes: CheckpointSh
 
 
 def load_model(model_path: str, dtype: torch.dtype, device: str, is_embedding: bool = False,
-               shapes: CheckpointShapes | None = None) -> tuple[CausalLM, Any]:
+               shapes: CheckpointShapes | None = None,
+               shard_only: bool = False) -> tuple[CausalLM, Any]:
     """(model in eval mode, its transformers config) for a Hugging Face folder or a GGUF
     file; `shapes`, when given, receives every checkpoint tensor's shape.
 
     The model class is picked by `config.architectures` (see models/registry.py);
     `is_embedding` serves a causal LM for embeddings. A pooling model pools as the
-    folder's sentence-transformers files say (models/pooler.py).
+    folder's sentence-transformers files say (models/pooler.py). `shard_only` (a TP
+    rank): read only the parts of the weights this rank's layers keep.
     """
     from transformers import AutoConfig
 
@@ -104,7 +130,7 @@ def load_model(model_path: str, dtype: torch.dtype, device: str, is_embedding: b
         model = model_cls(config, dtype)
     if isinstance(model, PoolingModel) and model.num_labels == 0:
         model.pooling = read_pooling_config(model_dir, model.default_pooling)
-    weights = iterate_weights(model_dir)
+    weights = iterate_weights(model_dir, lazy=shard_only)
     model.load_weights(weights if shapes is None else _recording(weights, shapes))
     model.eval()
     logger.info(

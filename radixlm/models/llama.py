@@ -6,7 +6,9 @@ projections when `attention_bias`, the MLP when `mlp_bias`).
 
 Checkpoints load by Hugging Face names: q_proj/k_proj/v_proj go into one
 fused `qkv_proj` and gate_proj/up_proj into one `gate_up_proj`, so each layer
-runs two matmuls fewer. Sliding-window attention (Mistral, some Qwen2
+runs two matmuls fewer. With tensor parallelism each rank builds its shard
+(its heads, its part of the MLP and of the vocabulary: `tp_rank_size()`), and
+the layers' loaders copy only that part of each checkpoint tensor. Sliding-window attention (Mistral, some Qwen2
 configs) is not implemented: attention covers the whole sequence, which is
 exact for sequences no longer than the window.
 """
@@ -20,6 +22,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from radixlm.distributed.parallel_state import tp_rank_size
 from radixlm.layers.activation import SiluAndMul
 from radixlm.layers.layernorm import RMSNorm
 from radixlm.layers.linear import (
@@ -65,10 +68,13 @@ class LlamaMLP(nn.Module):
         if getattr(config, "hidden_act", "silu") != "silu":
             raise NotImplementedError(f"hidden_act {config.hidden_act!r} is not supported")
         inter = config.intermediate_size
+        tp_rank, tp_size = tp_rank_size()
         self.gate_up_proj = MergedColumnParallelLinear(
-            config.hidden_size, [inter, inter], bias=bias, params_dtype=dtype
+            config.hidden_size, [inter, inter], bias=bias, params_dtype=dtype,
+            tp_rank=tp_rank, tp_size=tp_size,
         )
-        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias=bias, params_dtype=dtype)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias=bias, params_dtype=dtype,
+                                           tp_rank=tp_rank, tp_size=tp_size)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,6 +88,7 @@ class LlamaAttention(nn.Module):
         self.layer_id = layer_id
         self.head_dim = _head_dim(config)
         num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        tp_rank, tp_size = tp_rank_size()
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
             self.head_dim,
@@ -89,12 +96,15 @@ class LlamaAttention(nn.Module):
             num_kv_heads,
             bias=biases.qkv,
             params_dtype=dtype,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
         )
-        self.num_heads = self.qkv_proj.num_heads
-        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.num_heads = self.qkv_proj.num_heads  # this rank's
+        self.num_kv_heads = self.qkv_proj.num_kv_heads  # this rank's
         self.qk_size = self.qkv_proj.q_size + self.qkv_proj.kv_size
         self.o_proj = RowParallelLinear(
-            self.num_heads * self.head_dim, config.hidden_size, bias=biases.o, params_dtype=dtype
+            config.num_attention_heads * self.head_dim, config.hidden_size, bias=biases.o,
+            params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size,
         )
 
     def forward(
@@ -147,7 +157,8 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: Any, dtype: torch.dtype, biases: Biases) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype,
+                                                   *tp_rank_size())
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, dtype, biases) for i in range(config.num_hidden_layers)
         )
@@ -181,7 +192,8 @@ class LlamaForCausalLM(CausalLM):
         super().__init__(config, dtype)
         dtype = dtype or torch.get_default_dtype()
         self.model = LlamaModel(config, dtype, self.biases(config))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype,
+                                      *tp_rank_size())
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)

@@ -5,6 +5,9 @@ server costs nothing and a busy one never waits for a message. It exits when
 its parent dies, and reports any exception to the TokenizerManager before
 exiting non-zero.
 
+With tensor parallelism this is rank 0: its runner broadcasts each step to the
+other ranks, and the idle loop sends them heartbeats (see distributed/).
+
 `RADIXLM_CHECK_INTEGRITY=N` (the tests set it) runs the KV accounting check
 every N steps and whenever the scheduler goes idle; a failed check is a
 scheduler failure like any other.
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from radixlm.distributed.parallel_state import TPConfig
 from radixlm.io_struct import (
     AbortReq,
     BatchEmbeddingOut,
@@ -44,7 +48,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def run_scheduler_process(server_args: ServerArgs, model_dir: str, ports: PortArgs) -> None:
+def run_scheduler_process(server_args: ServerArgs, model_dir: str, ports: PortArgs,
+                          tp: TPConfig | None = None) -> None:
     configure_logging(server_args.log_level, prefix="scheduler")
     ctx = zmq.Context(1)
     ctx.setsockopt(zmq.LINGER, 0)  # never wait on a dead peer at exit
@@ -55,11 +60,12 @@ def run_scheduler_process(server_args: ServerArgs, model_dir: str, ports: PortAr
     to_tokenizer = ctx.socket(zmq.PUSH)
     to_tokenizer.connect(ports.tokenizer_input)
     try:
-        scheduler = _build_scheduler(server_args, model_dir)
+        scheduler = _build_scheduler(server_args, model_dir, tp)
         to_tokenizer.send_pyobj(SchedulerReady(scheduler.runner_info()))
         if scheduler.grammars is not None:
             scheduler.grammars.start()
         _loop(scheduler, recv, to_detok, to_tokenizer)
+        scheduler.runner.stop_workers()
         os._exit(0)  # the parent died: exit now, without joining any worker thread
     except Exception as e:  # noqa: BLE001 - report every failure, then die
         logger.error("Scheduler failed:\n%s", traceback.format_exc())
@@ -68,7 +74,8 @@ def run_scheduler_process(server_args: ServerArgs, model_dir: str, ports: PortAr
         sys.exit(1)
 
 
-def _build_scheduler(server_args: ServerArgs, model_dir: str) -> Scheduler:
+def _build_scheduler(server_args: ServerArgs, model_dir: str,
+                     tp: TPConfig | None = None) -> Scheduler:
     import torch
 
     from radixlm.model_executor.model_runner import ModelRunner
@@ -82,7 +89,7 @@ def _build_scheduler(server_args: ServerArgs, model_dir: str) -> Scheduler:
     # them), and EOS comes from the model's config alone.
     skip = server_args.skip_tokenizer_init
     tokenizer = None if skip else load_decode_tokenizer(tokenizer_path)
-    runner = ModelRunner(server_args, model_dir)
+    runner = ModelRunner(server_args, model_dir, tp)
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         runner.eos_token_ids.add(int(tokenizer.eos_token_id))
     grammars = None
@@ -98,15 +105,18 @@ def _loop(scheduler: Scheduler, recv: zmq.Socket[bytes], to_detok: zmq.Socket[by
     poller.register(recv, zmq.POLLIN)
     parent = os.getppid()
     check_every = int(os.environ.get("RADIXLM_CHECK_INTEGRITY", "0"))
+    # With TP ranks to keep alive, an idle loop wakes often enough to send heartbeats.
+    idle_timeout = 1000 if scheduler.runner.step_broadcaster is None else 100
     while True:
         # Grammars still compiling: poll every few ms instead of spinning.
-        timeout = 0 if scheduler.can_step_now else 5 if scheduler.has_work else 1000
+        timeout = 0 if scheduler.can_step_now else 5 if scheduler.has_work else idle_timeout
         while poller.poll(timeout):
             _handle(scheduler, recv.recv_pyobj(), to_tokenizer, to_detok)
             timeout = 0
         if not parent_alive(parent):
             logger.info("Parent process exited; scheduler stops")
             return
+        scheduler.runner.keep_alive()
         if scheduler.has_work:
             outs = scheduler.step()
             if outs:
