@@ -25,6 +25,10 @@ def serve(ns: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.node_rank > 0:  # a node that runs TP ranks only (see README "Scaling out")
+        from radixlm.distributed.worker import run_worker_node
+
+        return run_worker_node(args)
     return run_server(args)
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_STOP = threading.Event()  # set by SIGTERM when the scheduler has TP ranks to stop
+
 
 def run_scheduler_process(server_args: ServerArgs, model_dir: str, ports: PortArgs,
                           tp: TPConfig | None = None) -> None:
@@ -60,6 +64,10 @@ def run_scheduler_process(server_args: ServerArgs, model_dir: str, ports: PortAr
     to_tokenizer = ctx.socket(zmq.PUSH)
     to_tokenizer.connect(ports.tokenizer_input)
     try:
+        if tp is not None:
+            # NOTE: SIGTERM (the launcher stopping us) ends the loop, which tells the other
+            # ranks to stop: a rank on another node then exits 0, not "lost rank 0".
+            signal.signal(signal.SIGTERM, lambda *_: _STOP.set())
         scheduler = _build_scheduler(server_args, model_dir, tp)
         to_tokenizer.send_pyobj(SchedulerReady(scheduler.runner_info()))
         if scheduler.grammars is not None:
@@ -113,8 +121,8 @@ def _loop(scheduler: Scheduler, recv: zmq.Socket[bytes], to_detok: zmq.Socket[by
         while poller.poll(timeout):
             _handle(scheduler, recv.recv_pyobj(), to_tokenizer, to_detok)
             timeout = 0
-        if not parent_alive(parent):
-            logger.info("Parent process exited; scheduler stops")
+        if not parent_alive(parent) or _STOP.is_set():
+            logger.info("Parent process exited or stopped us; scheduler stops")
             return
         scheduler.runner.keep_alive()
         if scheduler.has_work:
