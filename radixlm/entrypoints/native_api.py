@@ -5,7 +5,10 @@
     GET  /health            200 while serving, 503 while loading, draining or dead (HEAD too)
     GET  /health_generate   generates one token (503 if the scheduler is dead or stuck)
     GET  /get_model_info    model path, context length, vocabulary, image/video input, ...
+                            (also /model_info, SGLang's newer name)
     GET  /get_server_info   server args + scheduler state (free/used KV tokens, ...)
+                            (also /server_info)
+    GET  /get_load          SGLang's load list (one entry per --dp-size replica)
     POST /flush_cache       empty the prefix cache (400 while requests run)
     POST /abort_request     {"rid": ...} or {"abort_all": true}
     GET  /metrics           with --enable-metrics
@@ -66,6 +69,7 @@ class GenerateRequest(StrictModel):
     return_text_in_logprobs: bool = True
     return_hidden_states: bool | list[bool] = False
     stream: bool = False
+    log_metrics: bool = True  # SGLang's; sglang-router sends it (metrics are per server here)
     # Sources as strings, nested per prompt and per video: see request_input.py. A wrong
     # shape or type is a 400 from the media loader, which names the problem.
     image_data: str | list[Any] | None = None
@@ -115,7 +119,7 @@ async def generate(request: Request) -> Response:
     state = state_of(request)
     tm = state.engine()
     body = await parse_body(request, GenerateRequest)
-    obj = GenerateReqInput(**body.model_dump(exclude={"separate_reasoning"}))
+    obj = GenerateReqInput(**body.model_dump(exclude={"separate_reasoning", "log_metrics"}))
     obj.default_prompt_logprobs()
     split = reasoning_splitter(state, body)
     if not obj.stream:
@@ -234,6 +238,19 @@ async def get_server_info(request: Request) -> Response:
     args = dataclasses.asdict(state.args)
     args.pop("api_key", None)
     return JSONResponse({**args, **info, "version": __version__})
+
+
+@router.get("/get_load")
+async def get_load(request: Request) -> Response:
+    """SGLang's load report, one entry per data-parallel replica (sglang-router polls it)."""
+    info = await state_of(request).engine().get_server_info()
+    replicas = info.get("replicas") or [info]
+    return JSONResponse([{
+        "dp_rank": i,
+        "num_reqs": int(r.get("num_running_reqs", 0)) + int(r.get("num_waiting_reqs", 0)),
+        "num_waiting_reqs": int(r.get("num_waiting_reqs", 0)),
+        "num_tokens": int(r.get("num_used_tokens", 0)),
+    } for i, r in enumerate(replicas)])
 
 
 @router.post("/flush_cache")
