@@ -171,6 +171,15 @@ class ProcessError:
     message: str
 
 
+@dataclass
+class ReplicaLoad:
+    """A data-parallel replica's scheduler to the DP controller, when its load changes."""
+
+    dp_rank: int
+    num_received: int  # requests it has received so far
+    num_unfinished: int  # running + waiting
+
+
 # ---------------------------------------------------------------- token / text outputs
 
 

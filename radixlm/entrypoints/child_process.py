@@ -36,6 +36,7 @@ TARGETS = {
     "scheduler": "radixlm.scheduler.process:run_scheduler_process",
     "detokenizer": "radixlm.detokenizer.detokenizer_manager:run_detokenizer_process",
     "tp_worker": "radixlm.distributed.worker:run_tp_worker_process",
+    "dp_controller": "radixlm.distributed.dp_controller:run_dp_controller_process",
 }
 
 

@@ -8,6 +8,7 @@ dies fails the server at once, without waiting for a collective's timeout.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -53,6 +54,8 @@ def start_children(args: ServerArgs, model_dir: str) -> tuple[PortArgs, list[Chi
     prepare_environment()
     check_model_layout(args, model_dir)
     ports = PortArgs.create()
+    if args.dp_size > 1:
+        return ports, _start_replicas(args, model_dir, ports)
     init_addr = args.dist_init_addr or free_loopback_addr()
     procs = [ChildProcess("scheduler", (args, model_dir, ports, tp_config(args, 0, init_addr))),
              ChildProcess("detokenizer", (args, model_dir, ports))]
@@ -62,6 +65,32 @@ def start_children(args: ServerArgs, model_dir: str) -> tuple[PortArgs, list[Chi
         stop_children(procs, ports)
         raise
     return ports, procs
+
+
+def _start_replicas(args: ServerArgs, model_dir: str, ports: PortArgs) -> list[ChildProcess]:
+    """--dp-size N: the DP controller at the scheduler's address, N schedulers (each with
+    its TP ranks) behind it, one detokenizer; the cores split evenly between replicas."""
+    folder = ports.folder
+    replica_ports = [PortArgs(tokenizer_input=f"ipc://{folder}/dp-replies",
+                              scheduler_input=f"ipc://{folder}/scheduler-{i}",
+                              detokenizer_input=ports.detokenizer_input)
+                     for i in range(args.dp_size)]
+    if args.num_threads is None and args.device == "cpu":
+        cores = len(os.sched_getaffinity(0)) or 1
+        args = dataclasses.replace(args, num_threads=max(cores // (args.dp_size * args.tp_size), 1))
+    procs = [ChildProcess("dp_controller", (args, model_dir, ports, replica_ports)),
+             ChildProcess("detokenizer", (args, model_dir, ports))]
+    try:
+        for i, rp in enumerate(replica_ports):
+            addr = free_loopback_addr()
+            proc = ChildProcess("scheduler", (args, model_dir, rp, tp_config(args, 0, addr), i))
+            proc.name = f"radixlm-scheduler-{i}"
+            procs.append(proc)
+            procs += start_worker_ranks(args, model_dir, addr)
+    except BaseException:
+        stop_children(procs, ports)
+        raise
+    return procs
 
 
 def check_model_layout(args: ServerArgs, model_dir: str) -> None:

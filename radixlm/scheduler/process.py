@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
@@ -36,6 +36,7 @@ from radixlm.io_struct import (
     GetServerInfoReq,
     ProcessError,
     ProfileReq,
+    ReplicaLoad,
     SchedulerReady,
     TokenizedGenerateReq,
     TokenOut,
@@ -52,17 +53,43 @@ logger = logging.getLogger(__name__)
 _STOP = threading.Event()  # set by SIGTERM when the scheduler has TP ranks to stop
 
 
+class _Sender(Protocol):
+    def send_pyobj(self, obj: Any) -> Any: ...
+
+
+class _ReplicaSender:
+    """A data-parallel replica's replies, tagged with its index for the DP controller."""
+
+    def __init__(self, sock: zmq.Socket[bytes], dp_rank: int) -> None:
+        self.sock, self.dp_rank = sock, dp_rank
+        self.num_received = 0  # generate requests received (the controller's load count)
+        self._last_load: tuple[int, int] | None = None
+
+    def send_pyobj(self, obj: Any) -> Any:
+        return self.sock.send_pyobj((self.dp_rank, obj))
+
+    def report_load(self, scheduler: Scheduler) -> None:
+        load = (self.num_received, len(scheduler.running) + len(scheduler.waiting))
+        if load != self._last_load:
+            self._last_load = load
+            self.send_pyobj(ReplicaLoad(self.dp_rank, *load))
+
+
 def run_scheduler_process(server_args: ServerArgs, model_dir: str, ports: PortArgs,
-                          tp: TPConfig | None = None) -> None:
-    configure_logging(server_args.log_level, prefix="scheduler")
+                          tp: TPConfig | None = None, dp_rank: int | None = None) -> None:
+    """dp_rank: this replica's index with --dp-size > 1 (its replies go to the DP controller)."""
+    configure_logging(server_args.log_level,
+                      prefix="scheduler" if dp_rank is None else f"scheduler{dp_rank}")
     ctx = zmq.Context(1)
     ctx.setsockopt(zmq.LINGER, 0)  # never wait on a dead peer at exit
     recv = ctx.socket(zmq.PULL)
     recv.bind(ports.scheduler_input)
     to_detok = ctx.socket(zmq.PUSH)
     to_detok.connect(ports.detokenizer_input)
-    to_tokenizer = ctx.socket(zmq.PUSH)
-    to_tokenizer.connect(ports.tokenizer_input)
+    tokenizer_sock = ctx.socket(zmq.PUSH)
+    tokenizer_sock.connect(ports.tokenizer_input)
+    to_tokenizer: _Sender = (tokenizer_sock if dp_rank is None
+                             else _ReplicaSender(tokenizer_sock, dp_rank))
     try:
         if tp is not None:
             # NOTE: SIGTERM (the launcher stopping us) ends the loop, which tells the other
@@ -78,7 +105,7 @@ def run_scheduler_process(server_args: ServerArgs, model_dir: str, ports: PortAr
     except Exception as e:  # noqa: BLE001 - report every failure, then die
         logger.error("Scheduler failed:\n%s", traceback.format_exc())
         to_tokenizer.send_pyobj(ProcessError("scheduler", f"{type(e).__name__}: {e}"))
-        to_tokenizer.close(linger=1000)
+        tokenizer_sock.close(linger=1000)
         sys.exit(1)
 
 
@@ -108,7 +135,7 @@ def _build_scheduler(server_args: ServerArgs, model_dir: str,
 
 
 def _loop(scheduler: Scheduler, recv: zmq.Socket[bytes], to_detok: zmq.Socket[bytes],
-          to_tokenizer: zmq.Socket[bytes]) -> None:
+          to_tokenizer: _Sender) -> None:
     poller = zmq.Poller()
     poller.register(recv, zmq.POLLIN)
     parent = os.getppid()
@@ -125,6 +152,8 @@ def _loop(scheduler: Scheduler, recv: zmq.Socket[bytes], to_detok: zmq.Socket[by
             logger.info("Parent process exited or stopped us; scheduler stops")
             return
         scheduler.runner.keep_alive()
+        if isinstance(to_tokenizer, _ReplicaSender):
+            to_tokenizer.report_load(scheduler)
         if scheduler.has_work:
             outs = scheduler.step()
             if outs:
@@ -132,14 +161,18 @@ def _loop(scheduler: Scheduler, recv: zmq.Socket[bytes], to_detok: zmq.Socket[by
             if scheduler.output.embedding_outs:
                 to_tokenizer.send_pyobj(BatchEmbeddingOut(scheduler.output.embedding_outs))
                 scheduler.output.embedding_outs = []
+            if isinstance(to_tokenizer, _ReplicaSender):
+                to_tokenizer.report_load(scheduler)
             if check_every and (scheduler.num_steps % check_every == 0
                                 or not scheduler.has_work):
                 scheduler.check_integrity()
 
 
-def _handle(scheduler: Scheduler, msg: Any, to_tokenizer: zmq.Socket[bytes],
+def _handle(scheduler: Scheduler, msg: Any, to_tokenizer: _Sender,
             to_detok: zmq.Socket[bytes]) -> None:
     if isinstance(msg, TokenizedGenerateReq):
+        if isinstance(to_tokenizer, _ReplicaSender):
+            to_tokenizer.num_received += 1
         _add_request(scheduler, msg, to_tokenizer, to_detok)
     elif isinstance(msg, AbortReq):
         scheduler.abort(msg)
@@ -163,7 +196,7 @@ def _handle(scheduler: Scheduler, msg: Any, to_tokenizer: zmq.Socket[bytes],
 
 
 def _add_request(scheduler: Scheduler, msg: TokenizedGenerateReq,
-                 to_tokenizer: zmq.Socket[bytes], to_detok: zmq.Socket[bytes]) -> None:
+                 to_tokenizer: _Sender, to_detok: zmq.Socket[bytes]) -> None:
     """Add a request; one the scheduler cannot take (a bug in validation) fails alone.
 
     NOTE: add_request changes no scheduler state before it has built the Req, so a
