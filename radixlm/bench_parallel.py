@@ -19,24 +19,28 @@ import re
 import time
 
 from radixlm.entrypoints.engine import Engine
+from radixlm.server_args import ServerArgs
 
 PROMPTS = ["Write a short story about a robot who learns to paint.",
            "Explain how a bicycle works.", "List five facts about the Moon.",
            "Describe a walk through a forest in autumn."]
 
 
-def parse_config(name: str) -> dict[str, int]:
+def parse_config(name: str) -> tuple[int, int]:
+    """"tp3" -> (3, 1), "dp2" -> (1, 2), "tp3dp2" -> (3, 2): (tp_size, dp_size)."""
     match = re.fullmatch(r"(?:tp(\d+))?(?:dp(\d+))?", name)
     if not match or not any(match.groups()):
         raise SystemExit(f"unknown config {name!r}: use tpN, dpN or tpNdpM")
-    return {"tp_size": int(match[1] or 1), "dp_size": int(match[2] or 1)}
+    return int(match[1] or 1), int(match[2] or 1)
 
 
 def run(name: str, args: argparse.Namespace) -> tuple[float, float]:
     params = {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
     prompts = [PROMPTS[i % len(PROMPTS)] + f" ({i})" for i in range(args.num_prompts)]
-    with Engine(model_path=args.model_path, device=args.device, max_total_tokens=16384,
-                **parse_config(name)) as engine:
+    tp_size, dp_size = parse_config(name)
+    server_args = ServerArgs(model_path=args.model_path, device=args.device,
+                             max_total_tokens=16384, tp_size=tp_size, dp_size=dp_size)
+    with Engine(server_args) as engine:
         engine.generate(prompts[:2], {**params, "max_new_tokens": 4})  # warm-up
         start = time.perf_counter()
         outs = engine.generate(prompts, params)
