@@ -224,9 +224,13 @@ class ModelRunner:
             self.step_broadcaster.keep_alive()
 
     def stop_workers(self) -> None:
-        """Rank 0 of a TP group: tell the other ranks to exit."""
+        """Rank 0 of a TP group: tell the other ranks to exit (best effort: on one node the
+        launcher may have stopped them already)."""
         if self.step_broadcaster is not None:
-            self.step_broadcaster.stop()
+            try:
+                self.step_broadcaster.stop()
+            except RuntimeError as e:  # a rank already gone: nothing left to stop
+                logger.info("TP ranks already stopped (%s)", str(e).split(". ")[0])
             self.step_broadcaster = None
 
     def _build_batch(self, step: ForwardStep) -> tuple[ForwardBatch, _LogitsLayout]:
