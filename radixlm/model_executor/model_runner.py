@@ -198,7 +198,7 @@ class ModelRunner:
             return self._pool(step, batch)
         if self.step_broadcaster is not None:
             self.step_broadcaster.send_step(step)
-        logits, layout = self._forward_logits(step)  # [M, V]
+        hidden, logits, layout = self._forward_logits(step)  # [T, hidden], [M, V]
         next_ids, token_lps, top_lps = self._sample(step, logits, layout.sample_rows)
         return StepResult(next_ids, token_lps, top_lps,
                           self._prompt_logprobs(step, logits, layout.prompt_rows),
@@ -209,14 +209,16 @@ class ModelRunner:
         """A TP rank other than 0: compute this rank's shard of the step (rank 0 samples)."""
         self._forward_logits(step)
 
-    def _forward_logits(self, step: ForwardStep) -> tuple[torch.Tensor, _LogitsLayout]:
-        """logits [M, V] of the step's logit rows (on ranks other than 0 of a TP group,
-        this rank's vocabulary part, unused), and where each row sits."""
+    def _forward_logits(self, step: ForwardStep
+                        ) -> tuple[torch.Tensor, torch.Tensor, _LogitsLayout]:
+        """The final hidden states [T, hidden] of the step's tokens, the logits [M, V] of
+        its logit rows (on ranks other than 0 of a TP group, this rank's vocabulary part,
+        unused), and where each row sits."""
         batch, layout = self._build_batch(step)
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, hidden]
         assert batch.logits_indices is not None
-        return self.model.compute_logits(hidden[batch.logits_indices]), layout  # [M, V]
+        return hidden, self.model.compute_logits(hidden[batch.logits_indices]), layout
 
     def keep_alive(self) -> None:
         """Rank 0 of a TP group: a heartbeat to the other ranks when it has been idle."""
