@@ -58,7 +58,7 @@ def scripted_logits(model_dir: str, tp: TPConfig | None = None) -> list[torch.Te
             table[row, : len(slots)] = torch.tensor(slots)
         if runner.step_broadcaster is not None:
             runner.step_broadcaster.send_step(step)  # as runner.forward() does
-        logits, _ = runner._forward_logits(step)  # [M, V]
+        _, logits, _ = runner._forward_logits(step)  # [M, V]
         out.append(logits.clone())
     runner.stop_workers()
     return out
