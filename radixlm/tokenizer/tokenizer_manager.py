@@ -173,6 +173,7 @@ class TokenizerManager:
         # (seconds since the sample's previous tokens, number of new tokens): metrics
         self.on_tokens: Callable[[float, int], None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._is_alive: Callable[[], str | None] | None = None
         self.model_path: str = server_args.model_path or model_dir  # changes with weights
         # Weight updates: calls in flight hold the weights; an update waits for none.
         self._num_holding_weights = 0
@@ -184,6 +185,7 @@ class TokenizerManager:
 
     def start(self, is_alive: Callable[[], str | None]) -> None:
         """Start the receive loop and the child watchdog (`is_alive` returns a death reason)."""
+        self._is_alive = is_alive
         self._tasks.append(asyncio.create_task(self._receive_loop()))
         self._tasks.append(asyncio.create_task(self._watchdog(is_alive)))
 
@@ -483,7 +485,11 @@ class TokenizerManager:
                 self.model_info = msg.model_info
                 self.ready.set()
             elif isinstance(msg, ProcessError):
-                self._die(f"The {msg.who} process failed: {msg.message}")
+                # NOTE: a child that died (a TP rank) makes the scheduler's collective fail
+                # a moment later; the dead child is the cause worth naming.
+                dead = self._is_alive() if self._is_alive is not None else None
+                failed = f"The {msg.who} process failed: {msg.message}"
+                self._die(f"{dead}; then: {failed}" if dead else failed)
             elif type(msg) in self.control_waiters and self.control_waiters[type(msg)]:
                 future = self.control_waiters[type(msg)].pop(0)
                 if not future.done():
