@@ -14,12 +14,15 @@ fails; callers then take the torch-native path (same results, slower).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from types import ModuleType
 
 import torch
@@ -31,14 +34,39 @@ _DISABLE_ENV = "RADIXLM_DISABLE_CPU_KERNELS"
 
 
 def _cpu_tag() -> str:
-    """A short hash of what the build depends on: the CPU's flags and torch's version."""
+    """A short hash of what the build depends on: the CPU's flags, torch's version and
+    the kernel source (two checkouts with different sources must not share a build)."""
     flags = ""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith("flags")), "")
     except OSError:
         pass
-    return hashlib.sha1(f"{torch.__version__}|{flags}".encode()).hexdigest()[:12]
+    try:
+        with open(_SOURCE, "rb") as f:
+            source = hashlib.sha1(f.read()).hexdigest()
+    except OSError:
+        source = ""
+    return hashlib.sha1(f"{torch.__version__}|{flags}|{source}".encode()).hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def _build_lock(folder: str) -> Iterator[None]:
+    """One builder at a time, and no stale lock left by a killed one.
+
+    torch's cpp_extension marks a build with a `lock` file that other builders wait on
+    until it disappears, forever if its builder was killed (every server start then
+    hung). radixlm's builders first take an flock, which the kernel releases when its
+    holder dies; whoever holds it knows a `lock` file there is stale and removes it.
+    """
+    with open(os.path.join(folder, "build.flock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, "lock"))
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def build_directory() -> str:
@@ -60,13 +88,14 @@ def load_cpu_kernels() -> ModuleType | None:
     os.makedirs(folder, exist_ok=True)
     start = time.perf_counter()
     try:
-        module = cpp_extension.load(
-            name="radixlm_cpu_kernels",
-            sources=[_SOURCE],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            build_directory=folder,
-            verbose=False,
-        )
+        with _build_lock(folder):
+            module = cpp_extension.load(
+                name="radixlm_cpu_kernels",
+                sources=[_SOURCE],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                build_directory=folder,
+                verbose=False,
+            )
     except Exception as e:  # noqa: BLE001 - no compiler, a failed build: fall back
         logger.warning("CPU kernels unavailable (%s: %s); using torch-native paths",
                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")

@@ -98,3 +98,14 @@ def test_int8_linear_matches_reference(num_rows: int) -> None:
     torch.testing.assert_close(int8_linear(x[-1:], iw, bias), out[-1:])
     bf16 = int8_linear(x.bfloat16(), iw, bias)
     assert bf16.dtype == torch.bfloat16
+
+
+def test_a_stale_build_lock_is_removed_not_waited_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A builder killed mid-build leaves torch's `lock` file; the next one must not hang."""
+    from radixlm.layers import cpu_kernels
+
+    (tmp_path / "lock").write_text("")
+    with cpu_kernels._build_lock(str(tmp_path)):
+        assert not (tmp_path / "lock").exists()
+    with cpu_kernels._build_lock(str(tmp_path)):  # released on exit: taken again at once
+        pass
