@@ -133,8 +133,10 @@ class TokenToKVPool:
         self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None:
         """Write K and V of T tokens. loc: [T] int64; k, v: [T, num_kv_heads, head_dim]."""
-        self.k_buffers[layer_id][loc] = k.to(self.dtype)
-        self.v_buffers[layer_id][loc] = v.to(self.dtype)
+        # index_copy_, not `buf[loc] = k`: advanced-index assignment (index_put_) took
+        # ~7% of a batch-32 decode step on the CPU; index_copy_ is a plain row copy.
+        self.k_buffers[layer_id].index_copy_(0, loc, k.to(self.dtype))
+        self.v_buffers[layer_id].index_copy_(0, loc, v.to(self.dtype))
 
     # ---- allocator ----
 
