@@ -3,8 +3,9 @@
     python -m radixlm.layers.cpu_kernels      # build now (scripts/setup.sh does)
 
 It holds what no maintained library offers in the shape radixlm needs: paged
-decode attention that reads K/V in place from the pool, and the per-token
-quantize/dequantize glue around `torch._int_mm` for W8A8 linears. It is
+decode attention that reads K/V in place from the pool, the per-token
+quantize/dequantize glue around `torch._int_mm` for W8A8 linears, and fused
+silu-and-mul / add-and-RMSNorm passes for bfloat16 steps. It is
 compiled with torch's `cpp_extension` for the CPU it runs on
 (`-march=native`), into `$RADIXLM_CACHE_DIR/kernels/<torch>-<cpu>` (default
 `~/.cache/radixlm`), so a machine with another CPU builds its own copy.
@@ -35,7 +36,9 @@ _DISABLE_ENV = "RADIXLM_DISABLE_CPU_KERNELS"
 
 def _cpu_tag() -> str:
     """A short hash of what the build depends on: the CPU's flags, torch's version and
-    the kernel source (two checkouts with different sources must not share a build)."""
+    install path (two virtual environments' builds differ in their include paths, and
+    torch rebuilds a folder whose flags changed) and the kernel source (two checkouts
+    with different sources must not share a build)."""
     flags = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -47,7 +50,7 @@ def _cpu_tag() -> str:
             source = hashlib.sha1(f.read()).hexdigest()
     except OSError:
         source = ""
-    return hashlib.sha1(f"{torch.__version__}|{flags}|{source}".encode()).hexdigest()[:12]
+    return hashlib.sha1(f"{torch.__version__}|{os.path.dirname(torch.__file__)}|{flags}|{source}".encode()).hexdigest()[:12]
 
 
 @contextlib.contextmanager
@@ -104,6 +107,14 @@ def load_cpu_kernels() -> ModuleType | None:
     if elapsed > 5:
         logger.info("Built the CPU kernels in %.0f s (%s)", elapsed, folder)
     return module
+
+
+def use_fused_cpu_kernel(x: torch.Tensor) -> bool:
+    """Whether the fused elementwise kernels (silu_and_mul, add_rms_norm) take `x`: CPU
+    tensors in bfloat16 or half when the kernels are built. float32 keeps torch's own
+    operators, so the exact mode stays exactly what transformers computes."""
+    return (x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16)
+            and not torch.jit.is_scripting() and load_cpu_kernels() is not None)
 
 
 def main() -> None:
