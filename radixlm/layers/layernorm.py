@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.layers.cpu_kernels import use_fused_cpu_kernel
+
 
 class RMSNorm(nn.Module):
     """`weight * x / sqrt(mean(x^2) + eps)` over the last dimension (Hugging Face name: weight)."""
@@ -23,5 +25,10 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(norm(x + residual), x + residual)`: the pre-norm block's residual stream."""
+        if (x.dim() == 2 and use_fused_cpu_kernel(x) and residual.dtype == x.dtype
+                and self.weight.dtype == x.dtype):
+            normed, summed = torch.ops.radixlm.add_rms_norm(
+                x, residual.contiguous(), self.weight, self.eps)
+            return normed, summed  # each [T, hidden]
         residual = x + residual  # [T, hidden]
         return self.forward(residual), residual

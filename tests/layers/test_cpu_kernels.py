@@ -1,11 +1,13 @@
 """The CPU kernels against torch references: paged attention (cpu_paged backend vs
 torch_native, mixed batches of decodes, short and long extends with cached prefixes, GQA,
-float32 and bfloat16 pools) and the W8A8 int8 linear (vs the same math in torch ops)."""
+float32 and bfloat16 pools), the W8A8 int8 linear (vs the same math in torch ops), and the
+fused silu_and_mul / add_rms_norm passes (vs torch's operators)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from radixlm.layers.attention import create_attention_backend
 from radixlm.layers.cpu_gemm import Int8Weight, int8_linear
@@ -109,3 +111,63 @@ def test_a_stale_build_lock_is_removed_not_waited_on(tmp_path) -> None:  # type:
         assert not (tmp_path / "lock").exists()
     with cpu_kernels._build_lock(str(tmp_path)):  # released on exit: taken again at once
         pass
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("num_rows", [1, 32, 300])  # 300 x 3072: past the serial threshold
+def test_silu_and_mul_matches_torch(dtype: torch.dtype, num_rows: int) -> None:
+    torch.manual_seed(0)
+    x = (torch.randn(num_rows, 2 * 1536) * 6).to(dtype)  # ±6 sigma: both tails of silu
+    x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -88.5])  # the exp clamp and silu(0)
+    reference = F.silu(x[:, :1536].double()) * x[:, 1536:].double()
+    out = torch.ops.radixlm.silu_and_mul(x)
+    assert out.shape == (num_rows, 1536) and out.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(out.double(), reference, rtol=2e-6, atol=1e-6)
+    else:  # one bfloat16 rounding of the product (torch rounds silu's output too)
+        torch.testing.assert_close(out.double(), reference, rtol=8e-3, atol=1e-2)
+    strided = torch.randn(4, 2 * 1536 + 64)[:, : 2 * 1536].to(dtype)  # rows of a wider tensor
+    torch.testing.assert_close(torch.ops.radixlm.silu_and_mul(strided).double(),
+                               F.silu(strided[:, :1536].double()) * strided[:, 1536:].double(),
+                               rtol=8e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("num_rows", [1, 32, 600])
+def test_add_rms_norm_matches_torch(dtype: torch.dtype, num_rows: int) -> None:
+    torch.manual_seed(0)
+    x, residual = (torch.randn(num_rows, 576).to(dtype) for _ in range(2))
+    weight = torch.randn(576).to(dtype)
+    before = residual.clone()
+    normed, summed = torch.ops.radixlm.add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(residual, before)  # not written in place
+    assert torch.equal(summed, x + residual)  # the same rounding as torch's add
+    reference = F.rms_norm(summed.float(), (576,), weight.float(), 1e-5)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(normed.float(), reference, rtol=tolerance, atol=tolerance)
+
+
+def test_layers_take_the_fused_kernels_in_bfloat16_only() -> None:
+    """bfloat16 modules take the fused kernels (same results as torch's ops up to one
+    rounding); float32 modules keep torch's ops, so the exact mode stays exact."""
+    from radixlm.layers.activation import SiluAndMul
+    from radixlm.layers.layernorm import RMSNorm
+
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        norm = RMSNorm(64, 1e-6, dtype)
+        norm.weight.data.normal_()
+        x, residual = torch.randn(8, 64).to(dtype), torch.randn(8, 64).to(dtype)
+        normed, summed = norm.add_and_norm(x, residual)
+        expected = F.rms_norm(x + residual, (64,), norm.weight, 1e-6)
+        if dtype == torch.float32:
+            assert torch.equal(normed, expected) and torch.equal(summed, x + residual)
+        else:
+            torch.testing.assert_close(normed, expected, rtol=1e-2, atol=1e-2)
+        gate_up = torch.randn(8, 128).to(dtype)
+        out = SiluAndMul()(gate_up)
+        if dtype == torch.float32:
+            assert torch.equal(out, F.silu(gate_up[:, :64]) * gate_up[:, 64:])
+        else:
+            torch.testing.assert_close(out, F.silu(gate_up[:, :64]) * gate_up[:, 64:],
+                                       rtol=2e-2, atol=2e-2)
