@@ -26,6 +26,7 @@ import torch
 from _forward_harness import PoolRunner
 
 from radixlm.layers.cpu_gemm import cpu_has_native_bf16, prepare_model
+from radixlm.model_executor.calibration import smooth_for_int8
 from radixlm.model_loader.default_model import resolve_model_dir
 from radixlm.model_loader.loader import load_model
 
@@ -52,6 +53,8 @@ def teacher_forced_logits(
 ) -> torch.Tensor:
     """Logits [len(ids), vocab] float32 of the model in this precision, chunk by chunk."""
     model, config = load_model(model_dir, dtype, "cpu")
+    if quantization == "w8a8_int8":
+        smooth_for_int8(model, config, model_dir)  # as the model runner does at load
     prepare_model(model, quantization)
     runner = PoolRunner(model, config, num_slots=len(ids) + 8, max_requests=1,
                         max_context=len(ids) + 8, dtype=dtype, backend=backend)
