@@ -2,12 +2,12 @@
 
 `smooth_for_int8` runs at load, before `prepare_model` quantizes: it tokenizes
 radixlm/layers/data/calibration_text.txt (chat turns, prose, code and
-arithmetic; ~600 tokens, and not the accuracy gate's text, which stays a
+arithmetic; 714 tokens for SmolLM2, and not the accuracy gate's text, which stays a
 held-out measurement), runs the still-float model over it through a small KV
 pool of its own, records each smoothable projection's per-input-channel
 max |x|, and folds the SmoothQuant scales into the weights
 (layers/smoothquant.py). Deterministic (a fixed text, no sampling) and, for
-the default model, about a second of CPU.
+the default model, about 2 s at load.
 """
 
 from __future__ import annotations

@@ -142,9 +142,9 @@ class ModelRunner:
                                    is_embedding=self.args.is_embedding, shapes=shapes,
                                    shard_only=self.tp_size > 1)
         quantization = self.precision.quantization
-        if quantization == "w8a8_int8" and self.tp_size == 1:
+        if quantization == "w8a8_int8" and self.tp_size == 1 and self.device == "cpu":
             # NOTE: a TP rank would calibrate on its shard alone, and its forward would run
-            # collectives at load; TP int8 is quantized without smoothing.
+            # collectives at load; TP and CUDA int8 are quantized without smoothing.
             smooth_for_int8(model, config, model_dir)
         if quantization != "none" or (self.device == "cpu" and not self.args.disable_cpu_prepack):
             num_int8, num_packed = prepare_model(model, quantization)
