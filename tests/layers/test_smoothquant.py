@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ def _logits(model: torch.nn.Module, config: object) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     # Biases on the MLP: the up_proj fold must divide the up bias as well.
-    hf = build_hf_model("llama", tie_word_embeddings=True, mlp_bias=True, attention_bias=True)
+    hf: Any = build_hf_model("llama", tie_word_embeddings=True, mlp_bias=True, attention_bias=True)
     with torch.no_grad():  # a massive-activation channel, as real checkpoints have
         for layer in hf.model.layers:
             layer.post_attention_layernorm.weight[3] = 40.0
@@ -42,7 +43,7 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return path
 
 
-def _smoothed(path: str, alpha: float):
+def _smoothed(path: str, alpha: float) -> tuple[Any, Any]:
     model, config = load_model(path, torch.float32, "cpu")
     targets = smooth_targets(model)
     head = lm_head_of(model)
