@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "model
 from _forward_harness import PoolRunner  # noqa: E402
 
 from radixlm.layers.cpu_gemm import prepare_model  # noqa: E402
+from radixlm.model_executor.calibration import smooth_for_int8  # noqa: E402
 from radixlm.model_loader.default_model import resolve_model_dir  # noqa: E402
 from radixlm.model_loader.loader import load_model  # noqa: E402
 
@@ -45,7 +46,10 @@ CATEGORIES = [
 def build(config: str, batch: int, seq_len: int, steps: int) -> tuple[PoolRunner, list[int]]:
     precision, backend = config.split(":")
     dtype, quantization = PRECISIONS[precision]
-    model, cfg = load_model(resolve_model_dir(None), dtype, "cpu")
+    model_dir = resolve_model_dir(None)
+    model, cfg = load_model(model_dir, dtype, "cpu")
+    if quantization == "w8a8_int8":
+        smooth_for_int8(model, cfg, model_dir)
     prepare_model(model, quantization)
     total = batch * (seq_len + steps + 2)
     runner = PoolRunner(model, cfg, num_slots=total, max_requests=batch,

@@ -81,20 +81,32 @@ class Int8Weight(NamedTuple):
 
     qweight: torch.Tensor  # [N, K] int8, symmetric (-127..127)
     scales: torch.Tensor  # [N] float32
+    # [K] float32 or None: the input is multiplied by it before quantizing (SmoothQuant's
+    # 1/s where it cannot be folded into the layer before; see smoothquant.py).
+    input_scales: torch.Tensor | None = None
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor) -> Int8Weight:
+    def quantize(cls, weight: torch.Tensor, smooth: torch.Tensor | None = None) -> Int8Weight:
+        """`smooth` [K]: quantize W diag(smooth) and divide the input by it at run time."""
         w = weight.detach().float()  # [N, K]
+        if smooth is not None:
+            w = w * smooth.float()[None, :]
         scales = (w.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)  # [N]
         qweight = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
-        return cls(qweight.contiguous(), scales.contiguous())
+        input_scales = None if smooth is None else (1.0 / smooth.float()).contiguous()
+        return cls(qweight.contiguous(), scales.contiguous(), input_scales)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return (self.qweight.float() * self.scales[:, None]).to(dtype)  # [N, K]
+        w = self.qweight.float() * self.scales[:, None]  # [N, K]
+        if self.input_scales is not None:
+            w = w * self.input_scales[None, :]
+        return w.to(dtype)
 
 
 def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
     """x [M, K] → x W^T + b [M, N] in x's dtype, activations quantized per row."""
+    if weight.input_scales is not None:
+        x = x * weight.input_scales.to(x.dtype)  # [M, K]
     if x.device.type == "cpu" and load_cpu_kernels() is not None:
         return torch.ops.radixlm.int8_linear(x, weight.qweight.t(), weight.scales, bias)
     x_scales = (x.detach().abs().amax(dim=1, keepdim=True).float() / 127.0).clamp_(min=1e-12)

@@ -82,6 +82,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         # After prepare_weights(): a oneDNN-packed or int8 copy of the weight.
         self._packed: torch.Tensor | None = None
         self._int8: Int8Weight | None = None
+        # SmoothQuant scales [embedding_dim] for the int8 copy (set before prepare_weights).
+        self.int8_smoothing: torch.Tensor | None = None
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         """Use the embedding table as this head's weight (one tensor for both)."""
@@ -107,7 +109,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         """
         if self._int8 is None and self._packed is None:
             if quantization == "w8a8_int8":
-                self._int8 = Int8Weight.quantize(self.weight)
+                self._int8 = Int8Weight.quantize(self.weight, self.int8_smoothing)
             elif can_pack(self.weight):
                 self._packed = pack_weight(self.weight)
             self._weight_t = None

@@ -38,6 +38,7 @@ from radixlm.layers.cpu_kernels import load_cpu_kernels
 from radixlm.mem_cache import create_prefix_cache
 from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixlm.model_executor.calibration import smooth_for_int8
 from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.model_executor.forward_step import (
     ForwardStep,
@@ -141,6 +142,10 @@ class ModelRunner:
                                    is_embedding=self.args.is_embedding, shapes=shapes,
                                    shard_only=self.tp_size > 1)
         quantization = self.precision.quantization
+        if quantization == "w8a8_int8" and self.tp_size == 1 and self.device == "cpu":
+            # NOTE: a TP rank would calibrate on its shard alone, and its forward would run
+            # collectives at load; TP and CUDA int8 are quantized without smoothing.
+            smooth_for_int8(model, config, model_dir)
         if quantization != "none" or (self.device == "cpu" and not self.args.disable_cpu_prepack):
             num_int8, num_packed = prepare_model(model, quantization)
             logger.info("Weights: %d int8, %d oneDNN-packed", num_int8, num_packed)

@@ -4,14 +4,20 @@ Teacher-forced over a fixed text (tests/models/data/gate_text.txt, 813
 tokens), in chunks of 256 through a real KV pool (so chunks after the first
 attend over a cached prefix): at every position the reduced-precision model's
 top-1 next token must equal float32's at >= 95% of positions, and the mean
-KL(fp32 || reduced) of the next-token distributions must stay under the bound
-measured here (about 3x the figure measured on the AVX-512 machine, to leave room for
-other CPUs' kernels):
+KL(fp32 || reduced) of the next-token distributions must stay under KL_BOUND
+(bfloat16's measured figure with room for other CPUs' kernels). Measured on
+the AVX-512 machine (torch 2.13):
 
-| precision                     | top-1 agreement | mean KL (nats) |
-|-------------------------------|-----------------|----------------|
-| bfloat16 (oneDNN-packed)      | 97.5%           | 0.0070         |
-| w8a8_int8 (float32 activations)| 96.7%          | 0.0130         |
+| precision                                   | top-1 agreement | mean KL (nats) |
+|---------------------------------------------|-----------------|----------------|
+| bfloat16 (oneDNN-packed)                    | 98.2%           | 0.0008         |
+| w8a8_int8, SmoothQuant alpha 0.5 (as served)| 93.8%           | 0.0122         |
+| w8a8_int8 without smoothing                 | 88.7%           | 0.031          |
+
+int8 does not pass: per-token int8 activations cost the most (int8 weights
+alone, float activations: 97.7% / 0.0025), spread over every projection kind
+and layer (see radixlm/layers/smoothquant.py), so it is only guarded here
+against getting worse.
 
 Each precision the machine supports runs: bfloat16 only where the CPU computes it
 natively, int8 everywhere (torch._int_mm).
@@ -26,6 +32,7 @@ import torch
 from _forward_harness import PoolRunner
 
 from radixlm.layers.cpu_gemm import cpu_has_native_bf16, prepare_model
+from radixlm.model_executor.calibration import smooth_for_int8
 from radixlm.model_loader.default_model import resolve_model_dir
 from radixlm.model_loader.loader import load_model
 
@@ -33,8 +40,9 @@ TEXT = os.path.join(os.path.dirname(__file__), "data", "gate_text.txt")
 CHUNK = 256
 MIN_AGREEMENT = 0.95
 KL_BOUND = 0.003  # bfloat16 measured 0.0008
-# W8A8 int8 is outside the gate; these bounds guard its measured 88.7% / 0.031.
-INT8_MIN_AGREEMENT, INT8_KL_BOUND = 0.85, 0.05
+# W8A8 int8 (with SmoothQuant) is outside the gate; these bounds guard its measured
+# 93.8% / 0.0122 (without smoothing it was 88.7% / 0.031).
+INT8_MIN_AGREEMENT, INT8_KL_BOUND = 0.92, 0.02
 
 
 def _text_ids(model_dir: str) -> list[int]:
@@ -52,6 +60,8 @@ def teacher_forced_logits(
 ) -> torch.Tensor:
     """Logits [len(ids), vocab] float32 of the model in this precision, chunk by chunk."""
     model, config = load_model(model_dir, dtype, "cpu")
+    if quantization == "w8a8_int8":
+        smooth_for_int8(model, config, model_dir)  # as the model runner does at load
     prepare_model(model, quantization)
     runner = PoolRunner(model, config, num_slots=len(ids) + 8, max_requests=1,
                         max_context=len(ids) + 8, dtype=dtype, backend=backend)
