@@ -277,10 +277,11 @@ def plot(runs: list[dict[str, Any]], path: str) -> None:
     panels = [("output_throughput", None, "output tokens/s"), ("ttft", "p50", "TTFT p50 (ms)"),
               ("itl", "p50", "ITL p50 (ms)")]
     for label, items in sorted(by_label.items()):
-        items.sort(key=lambda r: r["concurrency"])
-        xs = [r["concurrency"] for r in items]
+        xs = sorted({r["concurrency"] for r in items})
         for ax, (key, sub, _) in zip(axes, panels):
-            ys = [r[key] if sub is None else r[key][sub] * 1e3 for r in items]
+            # --repeat runs of one level: their median, so the line does not zig-zag.
+            ys = [statistics.median(r[key] if sub is None else r[key][sub] * 1e3
+                                    for r in items if r["concurrency"] == x) for x in xs]
             ax.plot(xs, ys, marker="o", label=label)
     for ax, (_, _, title) in zip(axes, panels):
         ax.set_xscale("log", base=2)
