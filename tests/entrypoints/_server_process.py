@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -111,3 +112,14 @@ class ServerProcess:
             self.proc.wait(10)
         self._log.close()
         return code
+
+
+@contextlib.contextmanager
+def running_server(log_path: Path, *flags: str) -> Iterator[ServerProcess]:
+    """A server started with `flags` and healthy; stopped (SIGTERM) however the block ends."""
+    srv = ServerProcess(log_path, *flags)
+    try:
+        srv.wait_healthy()
+        yield srv
+    finally:
+        srv.stop()

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from _server_process import ServerProcess
+from _server_process import ServerProcess, running_server
 
 PROMPT_IDS = [1, 504, 3575, 282, 4649, 314]  # a few ordinary SmolLM2 token ids
 
@@ -29,14 +29,10 @@ PROMPT_IDS = [1, 504, 3575, 282, 4649, 314]  # a few ordinary SmolLM2 token ids
 @pytest.fixture(scope="module")
 def ids_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = Path(tmp_path_factory.mktemp("ids_server")) / "server.log"
-    srv = ServerProcess(log, "--skip-tokenizer-init", "--enable-priority-scheduling",
+    with running_server(log, "--skip-tokenizer-init", "--enable-priority-scheduling",
                         "--max-running-requests", "1", "--decode-log-interval", "5",
-                        "--enable-metrics")
-    try:
-        srv.wait_healthy()
+                        "--enable-metrics") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

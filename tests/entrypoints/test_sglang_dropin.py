@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from _server_process import ServerProcess
+from _server_process import ServerProcess, running_server
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -29,13 +29,9 @@ GREEDY = {"temperature": 0.0, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = Path(tmp_path_factory.mktemp("sglang_dropin")) / "server.log"
-    srv = ServerProcess(log, "--enable-return-hidden-states", "--max-running-requests", "2",
-                        "--max-queued-requests", "6")
-    try:
-        srv.wait_healthy()
+    with running_server(log, "--enable-return-hidden-states", "--max-running-requests", "2",
+                        "--max-queued-requests", "6") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
