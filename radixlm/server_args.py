@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.model_executor.cpu_threads import THREAD_POLICIES
+
 
 def _opt(default: Any, help: str, **kwargs: Any) -> Any:
     return field(default=default, metadata={"help": help, **kwargs})
@@ -89,6 +91,11 @@ class ServerArgs:
                                   choices=["auto", "torch_native", "cpu_paged"])
     num_threads: int | None = _opt(None, "torch threads in the scheduler (default: the cores "
                                    "this process may run on).")
+    thread_policy: str = _opt(
+        "adaptive", "How the scheduler's CPU threads wait (see model_executor/cpu_threads.py): "
+        "adaptive (spin, and run one thread while other processes keep the cores busy; "
+        "with one scheduler process) | spin | passive (sleep at barriers).",
+        choices=list(THREAD_POLICIES))
     random_seed: int = _opt(0, "Seed of the sampling RNG shared by requests that give no seed.")
 
     # Constrained decoding
@@ -217,6 +224,8 @@ class ServerArgs:
             raise ValueError("--max-total-tokens must be at least 2")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("--num-threads must be at least 1")
+        if self.thread_policy not in THREAD_POLICIES:
+            raise ValueError(f"--thread-policy must be one of {', '.join(THREAD_POLICIES)}")
         if not 1 <= self.speculative_num_draft_tokens <= 15:
             raise ValueError("--speculative-num-draft-tokens must be in [1, 15]")
         if not (1 <= self.speculative_ngram_min_match_window_size

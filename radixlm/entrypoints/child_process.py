@@ -43,13 +43,15 @@ TARGETS = {
 class ChildProcess:
     """A started child with the small part of the Process API the engine uses."""
 
-    def __init__(self, kind: str, args: tuple[Any, ...]) -> None:
+    def __init__(self, kind: str, args: tuple[Any, ...], env: dict[str, str] | None = None) -> None:
+        """env: variables to add to this process's environment for the child."""
         self.name = f"radixlm-{kind}"
         from_main = threading.current_thread() is threading.main_thread()
         self._popen = subprocess.Popen(
             [sys.executable, "-m", "radixlm.entrypoints.child_process", kind,
              str(os.getpid()), "1" if from_main else "0"],
             stdin=subprocess.PIPE,
+            env={**os.environ, **env} if env else None,
         )
         assert self._popen.stdin is not None
         self._popen.stdin.write(pickle.dumps(args))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from radixlm.distributed.parallel_state import TPConfig, check_tp_layout, free_loopback_addr
 from radixlm.entrypoints.child_process import ChildProcess
+from radixlm.model_executor.cpu_threads import openmp_env, spins
 from radixlm.server_args import ServerArgs
 from radixlm.utils import PortArgs
 
@@ -23,17 +24,17 @@ logger = logging.getLogger(__name__)
 
 
 def prepare_environment() -> None:
-    """Environment the children inherit; must be set before they import torch."""
-    # NOTE: the scheduler's OpenMP threads sleep at barriers instead of spinning.
-    # A server never has the cores to itself: its HTTP process, the
-    # detokenizer and the clients run beside it, and one preempted thread makes
-    # spinning siblings burn whole time slices. Measured on 2 busy cores, the
-    # linear layers of a decode step at batch 32 took 96 ms passive against
-    # 387 ms (up to 2,050 ms) spinning; on idle cores passive costs a wake-up
-    # per op (up to ~20% of a step). OMP_WAIT_POLICY=ACTIVE in the environment
-    # restores spinning for a machine the server has to itself.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    """Environment the children inherit; must be set before they import torch.
+
+    The OpenMP wait policy is set per child instead (see child_env)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def child_env(args: ServerArgs, spin: bool = False) -> dict[str, str]:
+    """A child's OpenMP wait policy (model_executor/cpu_threads.py): the processes that
+    run the model (spin=True) spin where --thread-policy says so, every other one sleeps."""
+    processes = args.dp_size * args.num_local_tp_ranks
+    return openmp_env(spin and args.device == "cpu" and spins(args.thread_policy, processes))
 
 
 def launch_children(args: ServerArgs) -> tuple[str, PortArgs, list[ChildProcess]]:
@@ -57,8 +58,9 @@ def start_children(args: ServerArgs, model_dir: str) -> tuple[PortArgs, list[Chi
     if args.dp_size > 1:
         return ports, _start_replicas(args, model_dir, ports)
     init_addr = args.dist_init_addr or free_loopback_addr()
-    procs = [ChildProcess("scheduler", (args, model_dir, ports, tp_config(args, 0, init_addr))),
-             ChildProcess("detokenizer", (args, model_dir, ports))]
+    procs = [ChildProcess("scheduler", (args, model_dir, ports, tp_config(args, 0, init_addr)),
+                          env=child_env(args, spin=True)),
+             ChildProcess("detokenizer", (args, model_dir, ports), env=child_env(args))]
     try:
         procs += start_worker_ranks(args, model_dir, init_addr)
     except BaseException:
@@ -78,12 +80,14 @@ def _start_replicas(args: ServerArgs, model_dir: str, ports: PortArgs) -> list[C
     if args.num_threads is None and args.device == "cpu":
         cores = len(os.sched_getaffinity(0)) or 1
         args = dataclasses.replace(args, num_threads=max(cores // (args.dp_size * args.tp_size), 1))
-    procs = [ChildProcess("dp_controller", (args, model_dir, ports, replica_ports)),
-             ChildProcess("detokenizer", (args, model_dir, ports))]
+    procs = [ChildProcess("dp_controller", (args, model_dir, ports, replica_ports),
+                          env=child_env(args)),
+             ChildProcess("detokenizer", (args, model_dir, ports), env=child_env(args))]
     try:
         for i, rp in enumerate(replica_ports):
             addr = free_loopback_addr()
-            proc = ChildProcess("scheduler", (args, model_dir, rp, tp_config(args, 0, addr), i))
+            proc = ChildProcess("scheduler", (args, model_dir, rp, tp_config(args, 0, addr), i),
+                                env=child_env(args, spin=True))
             proc.name = f"radixlm-scheduler-{i}"
             procs.append(proc)
             procs += start_worker_ranks(args, model_dir, addr)
@@ -128,7 +132,8 @@ def start_worker_ranks(args: ServerArgs, model_dir: str,
     first = args.node_rank * local
     procs: list[ChildProcess] = []
     for rank in range(max(first, 1), first + local):
-        proc = ChildProcess("tp_worker", (args, model_dir, tp_config(args, rank, addr)))
+        proc = ChildProcess("tp_worker", (args, model_dir, tp_config(args, rank, addr)),
+                            env=child_env(args, spin=True))
         proc.name = f"radixlm-tp{rank}"
         procs.append(proc)
     return procs

@@ -39,6 +39,7 @@ from radixlm.mem_cache import create_prefix_cache
 from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model_executor.calibration import smooth_for_int8
+from radixlm.model_executor.cpu_threads import ThreadGovernor, spins, usable_cpus
 from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.model_executor.forward_step import (
     ForwardStep,
@@ -57,14 +58,6 @@ from radixlm.sampling.sampler import SamplingBatchInfo, compute_logprobs, sample
 from radixlm.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
-
-def _usable_cores() -> int:
-    """Cores this process may run on (its affinity mask: taskset, cgroups), not all of them."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
 
 def _min_over_ranks(value: int) -> int:
     """The smallest `value` over the TP group (every rank must size its pool alike)."""
@@ -89,6 +82,8 @@ def _available_memory_bytes(device: str) -> int:
 
 
 class ModelRunner:
+    thread_governor: ThreadGovernor | None = None
+
     def __init__(self, args: ServerArgs, model_dir: str, tp: TPConfig | None = None) -> None:
         """tp: this rank's place in its tensor-parallel group; None: one process, no group."""
         self.args = args
@@ -97,9 +92,8 @@ class ModelRunner:
         if args.device == "cpu":
             # NOTE: the ranks of a node share its cores: each takes its share, or they
             # oversubscribe them and every collective waits for a descheduled thread.
-            torch.set_num_threads(args.num_threads or max(_usable_cores() // num_local_ranks, 1))
-            logger.info("CPU threads: %d (OMP_WAIT_POLICY=%s)", torch.get_num_threads(),
-                        os.environ.get("OMP_WAIT_POLICY", "default"))
+            torch.set_num_threads(args.num_threads or max(len(usable_cpus()) // num_local_ranks, 1))
+            self.thread_governor = self._thread_governor(num_local_ranks * args.dp_size)
         elif tp is not None:
             torch.cuda.set_device(tp.local_rank)
             self.device = f"cuda:{tp.local_rank}"
@@ -224,6 +218,20 @@ class ModelRunner:
         hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, hidden]
         assert batch.logits_indices is not None
         return hidden, self.model.compute_logits(hidden[batch.logits_indices]), layout
+
+    def _thread_governor(self, num_processes: int) -> ThreadGovernor | None:
+        """--thread-policy adaptive with one scheduler process and more than one thread."""
+        threads, policy = torch.get_num_threads(), self.args.thread_policy
+        adaptive = policy == "adaptive" and spins(policy, num_processes) and threads > 1
+        logger.info("CPU threads: %d, %s (OMP_WAIT_POLICY=%s)", threads,
+                    "adaptive: spin, one thread while other processes keep the cores busy"
+                    if adaptive else policy, os.environ.get("OMP_WAIT_POLICY", "default"))
+        return ThreadGovernor(threads, torch.set_num_threads) if adaptive else None
+
+    def tune_threads(self) -> None:
+        """Called every scheduler iteration: the adaptive thread policy's sample."""
+        if self.thread_governor is not None:
+            self.thread_governor.tick()
 
     def keep_alive(self) -> None:
         """Rank 0 of a TP group: a heartbeat to the other ranks when it has been idle."""

@@ -152,6 +152,7 @@ def _loop(scheduler: Scheduler, recv: zmq.Socket[bytes], to_detok: zmq.Socket[by
             logger.info("Parent process exited or stopped us; scheduler stops")
             return
         scheduler.runner.keep_alive()
+        scheduler.runner.tune_threads()
         if isinstance(to_tokenizer, _ReplicaSender):
             to_tokenizer.report_load(scheduler)
         if scheduler.has_work:

@@ -189,6 +189,8 @@ class Scheduler:
             num_grammar_mask_steps=self.runner.num_grammar_mask_steps,
         )
         info.update(self.output.stats())
+        if self.runner.thread_governor is not None:
+            info.update(self.runner.thread_governor.stats())
         if self.drafter is not None:
             info.update(self.drafter.stats())
         return ServerInfoOut(info)
