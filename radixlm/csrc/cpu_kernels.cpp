@@ -46,9 +46,47 @@ inline float dot(const float* q, const T* k, int64_t n) {
   for (; d + kLanes <= n; d += kLanes) {
     for (int64_t l = 0; l < kLanes; ++l) partial[l] += q[d + l] * to_float(k[d + l]);
   }
+  // Halve the lanes until one is left: a few vector adds, where a running sum over
+  // the lanes was a chain of 15 dependent scalar adds (most of a decode's time).
+  float half[kLanes / 2], quarter[kLanes / 4];
+  for (int64_t l = 0; l < kLanes / 2; ++l) half[l] = partial[l] + partial[l + kLanes / 2];
+  for (int64_t l = 0; l < kLanes / 4; ++l) quarter[l] = half[l] + half[l + kLanes / 4];
+  float sum = (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+  for (; d < n; ++d) sum += q[d] * to_float(k[d]);
+  return sum;
+}
+
+// exp(x) for float, written so the compiler vectorizes it (std::exp stays a scalar
+// call without -ffast-math): Cephes' expf, x = n ln2 + r, e^r by its degree-6
+// polynomial, times 2^n through the exponent bits. Within 2 ulp of expf on
+// [-88, 88]; silu's results are rounded to bfloat16/half after it anyway.
+inline float exp_vec(float x) {
+  x = std::min(88.0f, std::max(-88.0f, x));
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n ln2 in two parts
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// x[0] + ... + x[n-1] in kLanes partial sums (vectorizes; see dot).
+inline float lane_sum(const float* x, int64_t n) {
+  float partial[kLanes] = {0.0f};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) partial[l] += x[j + l];
+  }
   float sum = 0.0f;
   for (int64_t l = 0; l < kLanes; ++l) sum += partial[l];
-  for (; d < n; ++d) sum += q[d] * to_float(k[d]);
+  for (; j < n; ++j) sum += x[j];
   return sum;
 }
 
@@ -66,20 +104,26 @@ inline void prefetch_row(const T* row, int64_t n) {
 
 // One (request, KV head) task. q rows of the request: [q_len, H, D] at q, rows
 // q_row_stride elements apart; out: [q_len, H, D] contiguous. Query row i sits
-// at position prefix + i and attends keys
-// 0 .. prefix + i (causal within the new rows).
-template <typename qT, typename kvT>
+// at position prefix + i and attends keys 0 .. prefix + i (causal within the
+// new rows). kD: the head dim when it is known at compile time (64, 128: the
+// loops over it unroll into a few vector instructions), else 0 (head_dim).
+// Each key and value row is converted to float once, into kv_row, and then
+// used by every query row of the group.
+template <int64_t kD, typename qT, typename kvT>
 void attend_group(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf,
-                  const kvT* v_buf, const int64_t* slots, int64_t seq_len, int64_t q_len, int64_t kv_head,
-                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
-                  std::vector<float>& qf, std::vector<float>& scores, std::vector<float>& acc) {
+                  const kvT* v_buf, const int64_t* slots, int64_t seq_len, int64_t q_len,
+                  int64_t kv_head, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim_rt,
+                  float scale, std::vector<float>& qf, std::vector<float>& scores,
+                  std::vector<float>& acc) {
+  const int64_t head_dim = kD > 0 ? kD : head_dim_rt;
   const int64_t group = num_heads / num_kv_heads;
   const int64_t rows = q_len * group;  // (query row, head of the group) pairs
   const int64_t prefix = seq_len - q_len;
   const int64_t kv_stride = num_kv_heads * head_dim;
-  qf.resize(rows * head_dim);
+  qf.resize(rows * head_dim + head_dim);  // the last head_dim floats: kv_row
   scores.resize(rows * seq_len);
   acc.assign(rows * head_dim, 0.0f);
+  float* kv_row = qf.data() + rows * head_dim;
   for (int64_t i = 0; i < q_len; ++i) {
     for (int64_t g = 0; g < group; ++g) {
       const qT* src = q + i * q_row_stride + (kv_head * group + g) * head_dim;
@@ -87,18 +131,16 @@ void attend_group(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf,
       for (int64_t d = 0; d < head_dim; ++d) dst[d] = to_float(src[d]) * scale;
     }
   }
-  // Scores: each key is read once for every row of the group.
+  // Scores: each key is read (and converted) once for every row of the group.
   for (int64_t j = 0; j < seq_len; ++j) {
     if (j + kPrefetchAhead < seq_len) {
       prefetch_row(k_buf + slots[j + kPrefetchAhead] * kv_stride + kv_head * head_dim, head_dim);
     }
     const kvT* key = k_buf + slots[j] * kv_stride + kv_head * head_dim;
-    const int64_t first_row = std::max<int64_t>(j - prefix, 0);  // rows that see key j
-    for (int64_t i = first_row; i < q_len; ++i) {
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qr = qf.data() + (i * group + g) * head_dim;
-        scores[(i * group + g) * seq_len + j] = dot(qr, key, head_dim);
-      }
+    for (int64_t d = 0; d < head_dim; ++d) kv_row[d] = to_float(key[d]);
+    const int64_t first = std::max<int64_t>(j - prefix, 0) * group;  // rows that see key j
+    for (int64_t r = first; r < rows; ++r) {
+      scores[r * seq_len + j] = dot(qf.data() + r * head_dim, kv_row, head_dim);
     }
   }
   // Softmax per row over its visible keys, in place.
@@ -108,36 +150,30 @@ void attend_group(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf,
       float* s = scores.data() + (i * group + g) * seq_len;
       float m = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < visible; ++j) m = std::max(m, s[j]);
-      float sum = 0.0f;
-      for (int64_t j = 0; j < visible; ++j) {
-        s[j] = std::exp(s[j] - m);
-        sum += s[j];
-      }
-      const float inv = 1.0f / sum;
+      for (int64_t j = 0; j < visible; ++j) s[j] = exp_vec(s[j] - m);
+      const float inv = 1.0f / lane_sum(s, visible);
       for (int64_t j = 0; j < visible; ++j) s[j] *= inv;
     }
   }
-  // Weighted values: each value row is read once.
+  // Weighted values: each value row is read (and converted) once.
   for (int64_t j = 0; j < seq_len; ++j) {
     if (j + kPrefetchAhead < seq_len) {
       prefetch_row(v_buf + slots[j + kPrefetchAhead] * kv_stride + kv_head * head_dim, head_dim);
     }
     const kvT* value = v_buf + slots[j] * kv_stride + kv_head * head_dim;
-    const int64_t first_row = std::max<int64_t>(j - prefix, 0);
-    for (int64_t i = first_row; i < q_len; ++i) {
-      for (int64_t g = 0; g < group; ++g) {
-        const float p = scores[(i * group + g) * seq_len + j];
-        float* a = acc.data() + (i * group + g) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) a[d] += p * to_float(value[d]);
-      }
+    for (int64_t d = 0; d < head_dim; ++d) kv_row[d] = to_float(value[d]);
+    const int64_t first = std::max<int64_t>(j - prefix, 0) * group;
+    for (int64_t r = first; r < rows; ++r) {
+      const float p = scores[r * seq_len + j];
+      float* a = acc.data() + r * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) a[d] += p * kv_row[d];
     }
   }
-  for (int64_t i = 0; i < q_len; ++i) {
-    for (int64_t g = 0; g < group; ++g) {
-      qT* dst = out + (i * num_heads + kv_head * group + g) * head_dim;
-      const float* a = acc.data() + (i * group + g) * head_dim;
-      for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<qT>(a[d]);
-    }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r / group, g = r % group;
+    qT* dst = out + (i * num_heads + kv_head * group + g) * head_dim;
+    const float* a = acc.data() + r * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<qT>(a[d]);
   }
 }
 
@@ -160,9 +196,12 @@ void paged_attention_impl(const at::Tensor& q, at::Tensor& out, const at::Tensor
   const auto* qlens = q_lens.data_ptr<int64_t>();
   at::parallel_for(0, batch * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf, scores, acc;
+    const auto attend = head_dim == 64    ? &attend_group<64, qT, kvT>
+                        : head_dim == 128 ? &attend_group<128, qT, kvT>
+                                          : &attend_group<0, qT, kvT>;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / num_kv_heads, h = task % num_kv_heads;
-      attend_group<qT, kvT>(q_ptr + starts[b] * q_row_stride, q_row_stride,
+      attend(q_ptr + starts[b] * q_row_stride, q_row_stride,
                             out_ptr + starts[b] * num_heads * head_dim, k_ptr, v_ptr,
                             table + rows[b] * table_stride, lens[b], qlens[b], h, num_heads,
                             num_kv_heads, head_dim, static_cast<float>(scale), qf, scores, acc);
@@ -317,26 +356,6 @@ inline int64_t row_grain(int64_t row_len) {
   return std::max<int64_t>(1, kSerialElems / std::max<int64_t>(row_len, 1));
 }
 
-// exp(x) for float, written so the compiler vectorizes it (std::exp stays a scalar
-// call without -ffast-math): Cephes' expf, x = n ln2 + r, e^r by its degree-6
-// polynomial, times 2^n through the exponent bits. Within 2 ulp of expf on
-// [-88, 88]; silu's results are rounded to bfloat16/half after it anyway.
-inline float exp_vec(float x) {
-  x = std::min(88.0f, std::max(-88.0f, x));
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n ln2 in two parts
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
 template <typename T>
 void silu_and_mul_rows(const T* x, int64_t x_stride, T* out, int64_t rows, int64_t d) {
