@@ -8,9 +8,9 @@
 // 2. int8_linear: W8A8 linear with per-token activation scales: one pass
 //    quantizes each row of x to int8, at::_int_mm (oneDNN s8s8 -> s32) does
 //    the product, one pass applies both scales (and the bias).
-// 3. silu_and_mul and add_rms_norm: a decode step's elementwise work in one pass
-//    each, and in one thread while the tensor is small. torch runs them as 2 and 7
-//    operators, each a parallel region once it passes 32k elements: on a busy
+// 3. silu_and_mul, add_rms_norm and rotary_embedding: a decode step's elementwise
+//    work in one pass each, and in one thread while the tensor is small. torch runs
+//    them as 2, 7 and 7 operators, each a parallel region once it passes 32k elements: on a busy
 //    2-core machine every region can wait a whole time slice for a descheduled
 //    thread (12% of a batch-32 step was in silu alone).
 //
@@ -177,6 +177,200 @@ void attend_group(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf,
   }
 }
 
+// Long extends (prefill chunks): flash attention over the pool in blocks. A task
+// is kQBlock query rows of one request and one KV head (with the group's heads:
+// rows x group score rows). Keys come kKBlock at a time; each block is converted
+// once into float scratch, K transposed ([D][kKBlock], so the scores of a row
+// vectorize over keys without a horizontal sum) and V as it is ([kKBlock][D]),
+// and then serves every score row of the task. The softmax is online (running
+// max and sum per row, the accumulator rescaled when the max grows), so scratch
+// does not grow with the sequence; blocks past a row's position are skipped.
+constexpr int64_t kRowwiseMaxRows = 16;  // extends up to this use attend_group
+constexpr int64_t kQBlock = 64;
+constexpr int64_t kKBlock = 64;
+
+struct BlockScratch {
+  std::vector<float> qf, kt, vb, acc, m, l;
+};
+
+// A vector of 16 floats (GCC/Clang vector extension: the compiler picks the
+// instructions for the CPU, one zmm register or two ymm). The accumulators of
+// the blocked kernel are these, so that they stay in registers: as float arrays
+// they lived on the stack and every FMA waited for the previous one's store.
+typedef float f32x16 __attribute__((vector_size(64)));
+constexpr int64_t kVec = 16;
+#ifdef __AVX512F__
+constexpr int64_t kVectorRegisters = 32;
+#else
+constexpr int64_t kVectorRegisters = 16;
+#endif
+
+inline f32x16 load16(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// Score rows r0 .. r0 + kRows of a task against one key block: out[i][j] = q_i . k_j,
+// kt the block transposed ([kD][kKBlock]).
+template <int64_t kD, int64_t kRows>
+inline void block_scores(const float* qf, const float* kt, float (*out)[kKBlock]) {
+  constexpr int64_t kN = kKBlock / kVec;
+  f32x16 acc[kRows][kN] = {};
+  for (int64_t d = 0; d < kD; ++d) {
+    f32x16 kd[kN];
+    for (int64_t n = 0; n < kN; ++n) kd[n] = load16(kt + d * kKBlock + n * kVec);
+    for (int64_t i = 0; i < kRows; ++i) {
+      const float qd = qf[i * kD + d];
+      for (int64_t n = 0; n < kN; ++n) acc[i][n] += qd * kd[n];
+    }
+  }
+  for (int64_t i = 0; i < kRows; ++i) {
+    for (int64_t n = 0; n < kN; ++n) store16(out[i] + n * kVec, acc[i][n]);
+  }
+}
+
+// acc_i <- acc_i * correction_i + sum_j p_i[j] v_j for rows i < kRows (p zero past
+// `visible`), vb the block's values ([kKBlock][kD]).
+template <int64_t kD, int64_t kRows>
+inline void block_values(float* acc, const float (*p)[kKBlock], const float* correction,
+                         const float* vb, int64_t visible) {
+  constexpr int64_t kN = kD / kVec;
+  f32x16 a[kRows][kN];
+  for (int64_t i = 0; i < kRows; ++i) {
+    for (int64_t n = 0; n < kN; ++n) a[i][n] = load16(acc + i * kD + n * kVec) * correction[i];
+  }
+  for (int64_t j = 0; j < visible; ++j) {
+    f32x16 vj[kN];
+    for (int64_t n = 0; n < kN; ++n) vj[n] = load16(vb + j * kD + n * kVec);
+    for (int64_t i = 0; i < kRows; ++i) {
+      const float pj = p[i][j];
+      for (int64_t n = 0; n < kN; ++n) a[i][n] += pj * vj[n];
+    }
+  }
+  for (int64_t i = 0; i < kRows; ++i) {
+    for (int64_t n = 0; n < kN; ++n) store16(acc + i * kD + n * kVec, a[i][n]);
+  }
+}
+
+template <int64_t kD, typename qT, typename kvT>
+void attend_block(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf, const kvT* v_buf,
+                  const int64_t* slots, int64_t seq_len, int64_t q_len, int64_t row0,
+                  int64_t nrows, int64_t kv_head, int64_t num_heads, int64_t num_kv_heads,
+                  float scale, BlockScratch& s) {
+  static_assert(kD % kVec == 0, "the blocked kernel needs a head dim of whole vectors");
+  // Score rows at a time: as many as keep the accumulators in registers (32 vector
+  // registers with AVX-512, 16 half as wide without).
+  constexpr int64_t kPair = kVectorRegisters >= 32 ? (kD <= 64 ? 4 : 2) : 1;
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t rows = nrows * group;  // score rows: (query row i, head g) at i * group + g
+  const int64_t first_pos = seq_len - q_len + row0;  // position of query row row0
+  const int64_t num_keys = first_pos + nrows;  // keys any row of the task sees
+  const int64_t kv_stride = num_kv_heads * kD;
+  const int64_t padded = (rows + kPair - 1) / kPair * kPair;
+  s.qf.assign(padded * kD, 0.0f);
+  s.kt.resize(kD * kKBlock);
+  s.vb.resize(kKBlock * kD);
+  s.acc.assign(padded * kD, 0.0f);
+  s.m.assign(padded, -std::numeric_limits<float>::infinity());
+  s.l.assign(padded, 0.0f);
+  for (int64_t i = 0; i < nrows; ++i) {
+    for (int64_t g = 0; g < group; ++g) {
+      const qT* src = q + (row0 + i) * q_row_stride + (kv_head * group + g) * kD;
+      float* dst = s.qf.data() + (i * group + g) * kD;
+      for (int64_t d = 0; d < kD; ++d) dst[d] = to_float(src[d]) * scale;
+    }
+  }
+  float* kt = s.kt.data();
+  float* vb = s.vb.data();
+  float score[kPair][kKBlock];
+  float correction[kPair];
+  for (int64_t kb = 0; kb < num_keys; kb += kKBlock) {
+    const int64_t nk = std::min(kKBlock, num_keys - kb);
+    for (int64_t j = 0; j < nk; ++j) {
+      const kvT* key = k_buf + slots[kb + j] * kv_stride + kv_head * kD;
+      const kvT* value = v_buf + slots[kb + j] * kv_stride + kv_head * kD;
+      for (int64_t d = 0; d < kD; ++d) kt[d * kKBlock + j] = to_float(key[d]);
+      for (int64_t d = 0; d < kD; ++d) vb[j * kD + d] = to_float(value[d]);
+    }
+    for (int64_t j = nk; j < kKBlock; ++j) {
+      for (int64_t d = 0; d < kD; ++d) kt[d * kKBlock + j] = 0.0f;
+      for (int64_t d = 0; d < kD; ++d) vb[j * kD + d] = 0.0f;
+    }
+    for (int64_t r = 0; r < padded; r += kPair) {
+      // Keys of the block row r + i sees (rows past `rows` are padding: none).
+      int64_t visible[kPair], most = 0;
+      for (int64_t i = 0; i < kPair; ++i) {
+        visible[i] = r + i < rows
+                         ? std::max<int64_t>(std::min(nk, first_pos + (r + i) / group + 1 - kb), 0)
+                         : 0;
+        most = std::max(most, visible[i]);
+      }
+      if (most == 0) continue;  // the whole block lies after these rows
+      block_scores<kD, kPair>(s.qf.data() + r * kD, kt, score);
+      for (int64_t i = 0; i < kPair; ++i) {
+        float* sc = score[i];
+        const int64_t vis = visible[i];
+        float mx = s.m[r + i];
+        for (int64_t j = 0; j < vis; ++j) mx = std::max(mx, sc[j]);
+        if (vis == 0) {  // nothing new for this row: keep its state
+          correction[i] = 1.0f;
+          for (int64_t j = 0; j < kKBlock; ++j) sc[j] = 0.0f;
+          continue;
+        }
+        correction[i] = exp_vec(s.m[r + i] - mx);  // 0 on the row's first block (m = -inf)
+        for (int64_t j = 0; j < kKBlock; ++j) sc[j] = j < vis ? exp_vec(sc[j] - mx) : 0.0f;
+        s.l[r + i] = s.l[r + i] * correction[i] + lane_sum(sc, kKBlock);
+        s.m[r + i] = mx;
+      }
+      block_values<kD, kPair>(s.acc.data() + r * kD, score, correction, vb, most);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r / group, g = r % group;
+    qT* dst = out + ((row0 + i) * num_heads + kv_head * group + g) * kD;
+    const float* a = s.acc.data() + r * kD;
+    const float inv = 1.0f / s.l[r];
+    for (int64_t d = 0; d < kD; ++d) dst[d] = static_cast<qT>(a[d] * inv);
+  }
+}
+
+// One unit of parallel work: request b, KV head h, query rows row0 .. row0 + nrows
+// (nrows = 0: all of them, through attend_group).
+struct AttnTask {
+  int64_t b, h, row0, nrows;
+};
+
+// Tasks of the batch, ordered so that contiguous halves cost about the same: a
+// request's blocks alternate from its first and last (causal cost grows with the
+// row), since at::parallel_for hands each thread one contiguous range.
+inline bool has_block_kernel(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+
+inline std::vector<AttnTask> attention_tasks(int64_t batch, int64_t num_kv_heads,
+                                             int64_t head_dim, const int64_t* qlens) {
+  std::vector<AttnTask> tasks;
+  for (int64_t b = 0; b < batch; ++b) {
+    if (qlens[b] <= kRowwiseMaxRows || !has_block_kernel(head_dim)) {
+      for (int64_t h = 0; h < num_kv_heads; ++h) tasks.push_back({b, h, 0, 0});
+      continue;
+    }
+    const int64_t blocks = (qlens[b] + kQBlock - 1) / kQBlock;
+    const auto add = [&](int64_t blk) {
+      const int64_t row0 = blk * kQBlock;
+      for (int64_t h = 0; h < num_kv_heads; ++h) {
+        tasks.push_back({b, h, row0, std::min(kQBlock, qlens[b] - row0)});
+      }
+    };
+    for (int64_t lo = 0, hi = blocks - 1; lo <= hi; ++lo, --hi) {
+      add(lo);
+      if (hi != lo) add(hi);
+    }
+  }
+  return tasks;
+}
+
 template <typename qT, typename kvT>
 void paged_attention_impl(const at::Tensor& q, at::Tensor& out, const at::Tensor& k_buf,
                           const at::Tensor& v_buf, const at::Tensor& req_to_token,
@@ -194,17 +388,29 @@ void paged_attention_impl(const at::Tensor& q, at::Tensor& out, const at::Tensor
   const auto* lens = seq_lens.data_ptr<int64_t>();
   const auto* starts = q_starts.data_ptr<int64_t>();
   const auto* qlens = q_lens.data_ptr<int64_t>();
-  at::parallel_for(0, batch * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+  const std::vector<AttnTask> tasks = attention_tasks(batch, num_kv_heads, head_dim, qlens);
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf, scores, acc;
+    BlockScratch scratch;
     const auto attend = head_dim == 64    ? &attend_group<64, qT, kvT>
                         : head_dim == 128 ? &attend_group<128, qT, kvT>
                                           : &attend_group<0, qT, kvT>;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / num_kv_heads, h = task % num_kv_heads;
-      attend(q_ptr + starts[b] * q_row_stride, q_row_stride,
-                            out_ptr + starts[b] * num_heads * head_dim, k_ptr, v_ptr,
-                            table + rows[b] * table_stride, lens[b], qlens[b], h, num_heads,
-                            num_kv_heads, head_dim, static_cast<float>(scale), qf, scores, acc);
+    const auto attend_rows = head_dim == 64 ? &attend_block<64, qT, kvT>
+                                            : &attend_block<128, qT, kvT>;
+    for (int64_t t = begin; t < end; ++t) {
+      const AttnTask& task = tasks[t];
+      const int64_t b = task.b;
+      const qT* q_req = q_ptr + starts[b] * q_row_stride;
+      qT* out_req = out_ptr + starts[b] * num_heads * head_dim;
+      const int64_t* slots = table + rows[b] * table_stride;
+      if (task.nrows == 0) {
+        attend(q_req, q_row_stride, out_req, k_ptr, v_ptr, slots, lens[b], qlens[b], task.h,
+               num_heads, num_kv_heads, head_dim, static_cast<float>(scale), qf, scores, acc);
+      } else {
+        attend_rows(q_req, q_row_stride, out_req, k_ptr, v_ptr, slots, lens[b], qlens[b],
+                    task.row0, task.nrows, task.h, num_heads, num_kv_heads,
+                    static_cast<float>(scale), scratch);
+      }
     }
   });
 }
@@ -401,6 +607,32 @@ void add_rms_norm_rows(const T* x, int64_t x_stride, const T* residual, T* sum_o
   });
 }
 
+// out[t, h] <- x[t, h] rotated by cos[t], sin[t] (halves rotated against each other,
+// the NeoX / HF Llama layout), computed in float and rounded once.
+template <typename T>
+void rotary_rows(const T* x, int64_t x_stride, const T* cos, const T* sin, int64_t cs_stride,
+                 T* out, int64_t tokens, int64_t heads, int64_t d) {
+  const int64_t half = d / 2;
+  at::parallel_for(0, tokens, row_grain(heads * d), [&](int64_t begin, int64_t end) {
+    std::vector<float> c(half), s(half);
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t j = 0; j < half; ++j) {
+        c[j] = to_float(cos[t * cs_stride + j]);
+        s[j] = to_float(sin[t * cs_stride + j]);
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        const T* xr = x + t * x_stride + h * d;
+        T* o = out + (t * heads + h) * d;
+        for (int64_t j = 0; j < half; ++j) {
+          const float x1 = to_float(xr[j]), x2 = to_float(xr[j + half]);
+          o[j] = static_cast<T>(x1 * c[j] - x2 * s[j]);
+          o[j + half] = static_cast<T>(x2 * c[j] + x1 * s[j]);
+        }
+      }
+    }
+  });
+}
+
 void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1,
               name, ": a CPU tensor [T, d] with contiguous rows");
@@ -445,6 +677,28 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   return {out, sum};
 }
 
+// x [T, n, D] (tokens may be strided; heads and dims contiguous), cos and sin
+// [T, 1, D / 2] (last dim contiguous) -> x rotated, [T, n, D] contiguous.
+at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.stride(2) == 1 &&
+                  x.stride(1) == x.size(2) && x.size(2) % 2 == 0,
+              "rotary_embedding: a CPU tensor [T, n, D] with contiguous heads, D even");
+  const int64_t tokens = x.size(0), heads = x.size(1), d = x.size(2);
+  for (const auto* t : {&cos, &sin}) {
+    TORCH_CHECK(t->dim() == 3 && t->size(0) == tokens && t->size(2) == d / 2 &&
+                    t->stride(2) == 1 && t->scalar_type() == x.scalar_type(),
+                "rotary_embedding: cos and sin [T, 1, D / 2] in x's dtype");
+  }
+  TORCH_CHECK(cos.stride(0) == sin.stride(0), "rotary_embedding: cos and sin strided alike");
+  auto out = at::empty({tokens, heads, d}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rotary", [&] {
+    rotary_rows<scalar_t>(x.data_ptr<scalar_t>(), x.stride(0), cos.data_ptr<scalar_t>(),
+                          sin.data_ptr<scalar_t>(), cos.stride(0), out.data_ptr<scalar_t>(),
+                          tokens, heads, d);
+  });
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor> quantize_per_token_op(const at::Tensor& x) {
   auto out = quantize_per_token(x);
   return {out[0], out[1]};
@@ -459,6 +713,7 @@ TORCH_LIBRARY(radixlm, m) {
   m.def("int8_linear(Tensor x, Tensor w_t, Tensor w_scales, Tensor? bias) -> Tensor");
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rotary_embedding(Tensor x, Tensor cos, Tensor sin) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
@@ -467,6 +722,7 @@ TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
   m.impl("int8_linear", &int8_linear);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("rotary_embedding", &rotary_embedding);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixlm.layers.cpu_kernels import use_fused_cpu_kernel
+
 
 def rope_parameters(config: Any) -> dict[str, Any]:
     """The config's RoPE parameters as one dict with `rope_type` and `rope_theta`.
@@ -126,6 +128,11 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, n, D] by cos/sin [T, 1, D / 2]; returns a new contiguous [T, n, D]."""
+    """Rotate x [T, n, D] by cos/sin [T, 1, D / 2]; returns a new contiguous [T, n, D].
+
+    bfloat16/half on the CPU: one pass of the C++ kernel (torch's 7 operators)."""
+    if (use_fused_cpu_kernel(x) and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+            and cos.dtype == x.dtype):
+        return torch.ops.radixlm.rotary_embedding(x, cos, sin)
     x1, x2 = x.chunk(2, dim=-1)  # each [T, n, D / 2]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

@@ -17,7 +17,7 @@ from radixlm.model_executor.forward_batch import ForwardBatch
 
 pytestmark = pytest.mark.skipif(load_cpu_kernels() is None, reason="CPU kernels not built")
 
-H, HKV, D = 6, 2, 16
+H, HKV = 6, 2
 
 
 def _batch(pool: TokenToKVPool, rows: ReqToTokenPool, prefix_lens: list[int],
@@ -54,24 +54,29 @@ def _batch(pool: TokenToKVPool, rows: ReqToTokenPool, prefix_lens: list[int],
         ([5, 40, 0, 12], [1, 4, 9, 40]),  # decodes, 1 + K rows, a fresh prefill, a long extend
         ([50], [37]),  # one long chunk after a cached prefix (the split flash path)
         ([0], [33]),  # one fresh prefill (plain causal)
+        # the kernel's blocked path (head dims 64, 128): several query blocks of 64 rows,
+        # several key blocks, partial last blocks, beside decodes and a short extend
+        ([130, 3, 0], [200, 1, 7]),
+        ([0], [150]),
     ],
-    ids=["decode", "mixed", "chunk-after-prefix", "fresh-prefill"],
+    ids=["decode", "mixed", "chunk-after-prefix", "fresh-prefill", "long-mixed", "long-fresh"],
 )
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
 def test_paged_backend_equals_torch_native(
-    dtype: torch.dtype, prefix_lens: list[int], extend_lens: list[int]
+    dtype: torch.dtype, prefix_lens: list[int], extend_lens: list[int], head_dim: int
 ) -> None:
     torch.manual_seed(0)
-    pool = TokenToKVPool(512, 1, HKV, D, dtype, "cpu")
+    pool = TokenToKVPool(1024, 1, HKV, head_dim, dtype, "cpu")
     pool.k_buffers[0].normal_()
     pool.v_buffers[0].normal_()
     outs = {}
     num_tokens = sum(extend_lens)
-    q = torch.randn(num_tokens, H + HKV, D).to(dtype)[:, :H]  # a strided view, as the model has
-    k = torch.randn(num_tokens, HKV, D).to(dtype)
-    v = torch.randn(num_tokens, HKV, D).to(dtype)
+    q = torch.randn(num_tokens, H + HKV, head_dim).to(dtype)[:, :H]  # a strided view, as the model has
+    k = torch.randn(num_tokens, HKV, head_dim).to(dtype)
+    v = torch.randn(num_tokens, HKV, head_dim).to(dtype)
     for name in ("torch_native", "cpu_paged"):
         pool.clear()
-        rows = ReqToTokenPool(8, 128, "cpu")
+        rows = ReqToTokenPool(8, 512, "cpu")
         batch = _batch(pool, rows, prefix_lens, extend_lens, name)
         assert batch.attn_backend is not None
         batch.attn_backend.init_forward_metadata(batch)
@@ -171,3 +176,25 @@ def test_layers_take_the_fused_kernels_in_bfloat16_only() -> None:
         else:
             torch.testing.assert_close(out, F.silu(gate_up[:, :64]) * gate_up[:, 64:],
                                        rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("num_tokens", [1, 7, 300])
+def test_rotary_embedding_matches_torch(dtype: torch.dtype, num_tokens: int) -> None:
+    from radixlm.layers.rotary import apply_rotary
+
+    torch.manual_seed(0)
+    heads, head_dim = 5, 64
+    positions = torch.randint(0, 2000, (num_tokens,))
+    qkv = torch.randn(num_tokens, (heads + 2) * head_dim).to(dtype)
+    x = qkv[:, : heads * head_dim].view(num_tokens, heads, head_dim)  # strided rows
+    angles = positions[:, None].float() * torch.rand(head_dim // 2)  # [T, D / 2]
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(dtype)
+    cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D / 2] each
+    out = apply_rotary(x, cos, sin)
+    assert torch.equal(out, torch.ops.radixlm.rotary_embedding(x, cos, sin))  # the fused pass
+    assert out.is_contiguous() and out.shape == x.shape and out.dtype == dtype
+    x1, x2 = x.double().chunk(2, dim=-1)
+    c, s = cos.double(), sin.double()
+    reference = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+    torch.testing.assert_close(out.double(), reference, rtol=8e-3, atol=2e-2)
