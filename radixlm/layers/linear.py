@@ -28,6 +28,8 @@ from radixlm.layers.cpu_gemm import (
     int8_linear,
     pack_weight,
     packed_linear,
+    small_batch_capable,
+    small_batch_linear,
 )
 
 WeightLoader = Callable[..., None]
@@ -95,16 +97,19 @@ class _LinearBase(nn.Module):
                 output_size_per_partition, dtype=params_dtype, loader=self.weight_loader
             )
 
-        # After prepare_weights(): a oneDNN-packed weight, or an int8 one (see cpu_gemm.py).
+        # After prepare_weights(): a oneDNN-packed weight (and maybe its plain copy for
+        # small batches), or an int8 one (see cpu_gemm.py).
         self._packed: torch.Tensor | None = None
+        self._plain: torch.Tensor | None = None
         self._int8: Int8Weight | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, *args: Any) -> None:
         raise NotImplementedError
 
-    def prepare_weights(self, quantization: str) -> str:
+    def prepare_weights(self, quantization: str, keep_plain: bool = False) -> str:
         """After loading: quantize the weight ("w8a8_int8") or pack it for oneDNN (CPU
-        float32, or bfloat16 where the CPU has it). Returns "int8", "packed" or "dense".
+        float32, or bfloat16 where the CPU has it); keep_plain: keep the plain weight too
+        where the small-batch kernel can run it. Returns "int8", "packed" or "dense".
 
         NOTE: the dense weight is released, so weights cannot be reloaded afterwards.
         """
@@ -116,6 +121,8 @@ class _LinearBase(nn.Module):
             self._int8 = Int8Weight.quantize(self.weight)
         elif can_pack(self.weight):
             self._packed = pack_weight(self.weight)
+            if keep_plain and small_batch_capable(self.weight):
+                self._plain = self.weight.detach().contiguous()
         else:
             return "dense"
         self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
@@ -125,6 +132,9 @@ class _LinearBase(nn.Module):
         if self._int8 is not None:
             return int8_linear(x, self._int8, bias)  # [T, output_size_per_partition]
         if self._packed is not None and x.dim() == 2:
+            out = small_batch_linear(x, self._plain, bias)  # 1-4 rows: stream the plain copy
+            if out is not None:
+                return out  # [T, output_size_per_partition]
             return packed_linear(x, self._packed, bias)  # [T, output_size_per_partition]
         return F.linear(x, self.weight, bias)  # [T, output_size_per_partition]
 

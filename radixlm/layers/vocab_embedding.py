@@ -24,6 +24,8 @@ from radixlm.layers.cpu_gemm import (
     int8_linear,
     pack_weight,
     packed_linear,
+    small_batch_capable,
+    small_batch_linear,
 )
 from radixlm.layers.linear import default_weight_loader
 
@@ -68,6 +70,8 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Output projection hidden → vocabulary logits; `tie_to()` shares the embedding's weight."""
 
+    keeps_dense_weight = True  # a tied embedding looks rows up in it (cpu_gemm.prepare_model)
+
     def __init__(
         self,
         num_embeddings: int,
@@ -81,6 +85,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self._weight_t_key: tuple[int, int] | None = None
         # After prepare_weights(): a oneDNN-packed or int8 copy of the weight.
         self._packed: torch.Tensor | None = None
+        self._small_batch = False  # compute_logits of 1-4 rows through the plain weight
         self._int8: Int8Weight | None = None
         # SmoothQuant scales [embedding_dim] for the int8 copy (set before prepare_weights).
         self.int8_smoothing: torch.Tensor | None = None
@@ -101,12 +106,14 @@ class ParallelLMHead(VocabParallelEmbedding):
             self._weight_t_key = key
         return self._weight_t
 
-    def prepare_weights(self, quantization: str) -> str:
+    def prepare_weights(self, quantization: str, keep_plain: bool = False) -> str:
         """Keep an int8 ("w8a8_int8") or oneDNN-packed copy of the (possibly tied) weight
         for compute_logits. Returns "int8", "packed" or "dense".
 
-        The dense weight stays: a tied embedding still looks rows up in it.
+        The dense weight stays: a tied embedding still looks rows up in it, and with
+        keep_plain, compute_logits of 1-4 rows streams it (cpu_gemm.small_batch_linear).
         """
+        self._small_batch = keep_plain and small_batch_capable(self.weight)
         if self._int8 is None and self._packed is None:
             if quantization == "w8a8_int8":
                 self._int8 = Int8Weight.quantize(self.weight, self.int8_smoothing)
@@ -121,7 +128,9 @@ class ParallelLMHead(VocabParallelEmbedding):
         if self._int8 is not None:
             logits = int8_linear(hidden, self._int8, None)  # [M, per_partition]
         elif self._packed is not None:
-            logits = packed_linear(hidden, self._packed, None)  # [M, per_partition]
+            small = small_batch_linear(hidden, self.weight if self._small_batch else None, None)
+            # [M, per_partition]
+            logits = small if small is not None else packed_linear(hidden, self._packed, None)
         elif hidden.device.type == "cpu":
             logits = hidden @ self._transposed_weight()  # [M, per_partition]
         else:

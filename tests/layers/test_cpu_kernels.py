@@ -198,3 +198,40 @@ def test_rotary_embedding_matches_torch(dtype: torch.dtype, num_tokens: int) -> 
     c, s = cos.double(), sin.double()
     reference = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
     torch.testing.assert_close(out.double(), reference, rtol=8e-3, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 4])
+def test_small_batch_linear_matches_torch(dtype: torch.dtype, num_rows: int) -> None:
+    from radixlm.layers.cpu_gemm import small_batch_linear
+
+    torch.manual_seed(0)
+    weight = (torch.randn(200, 96) * 0.1).to(dtype)
+    bias = torch.randn(200).to(dtype)
+    x = torch.randn(num_rows, 160).to(dtype)[:, 32:128]  # strided rows
+    for b in (None, bias):
+        out = small_batch_linear(x, weight, b)
+        assert out is not None and out.shape == (num_rows, 200) and out.dtype == dtype
+        reference = x.double() @ weight.double().t() + (0 if b is None else b.double())
+        torch.testing.assert_close(out.double(), reference, rtol=1e-2, atol=1e-2)
+    assert small_batch_linear(torch.randn(5, 96).to(dtype), weight, None) is None  # 5 rows
+
+
+def test_linear_takes_the_small_batch_kernel_up_to_four_rows() -> None:
+    from radixlm.layers.cpu_gemm import can_pack
+    from radixlm.layers.linear import ColumnParallelLinear
+
+    layer = ColumnParallelLinear(64, 96, bias=True, params_dtype=torch.bfloat16)
+    if not can_pack(layer.weight):
+        pytest.skip("no native bfloat16 on this CPU: bfloat16 weights are not packed")
+    with torch.no_grad():
+        layer.weight.normal_(0, 0.1)
+        assert layer.bias is not None
+        layer.bias.normal_()
+    dense = layer.weight.detach().clone()
+    assert layer.prepare_weights("none", keep_plain=True) == "packed"
+    assert layer._plain is not None and torch.equal(layer._plain, dense)
+    for rows in (1, 4, 5, 33):  # 5 and 33: the packed oneDNN path
+        x = torch.randn(rows, 64).to(torch.bfloat16)
+        reference = x.float() @ dense.float().t() + layer.bias.float()
+        torch.testing.assert_close(layer(x).float(), reference, rtol=2e-2, atol=2e-2)
