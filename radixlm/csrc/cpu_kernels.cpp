@@ -107,6 +107,26 @@ inline void prefetch_row(const T* row, int64_t n) {
   }
 }
 
+// A vector of 16 floats (GCC/Clang vector extension: the compiler picks the
+// instructions for the CPU, one zmm register or two ymm). The accumulators of
+// the blocked kernel are these, so that they stay in registers: as float arrays
+// they lived on the stack and every FMA waited for the previous one's store.
+typedef float f32x16 __attribute__((vector_size(64)));
+constexpr int64_t kVec = 16;
+#ifdef __AVX512F__
+constexpr int64_t kVectorRegisters = 32;
+#else
+constexpr int64_t kVectorRegisters = 16;
+#endif
+
+inline f32x16 load16(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof(v)); }
+
 // One (request, KV head) task. q rows of the request: [q_len, H, D] at q, rows
 // q_row_stride elements apart; out: [q_len, H, D] contiguous. Query row i sits
 // at position prefix + i and attends keys 0 .. prefix + i (causal within the
@@ -182,6 +202,141 @@ void attend_group(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf,
   }
 }
 
+// Lane i of the result: the sum of the lanes of the vector for key i, given the 16
+// vectors in bit-reversed key order (v[j] holds key bitrev4(j)): four rounds of
+// shuffles and adds for 16 keys, where one sum at a time took four rounds per key.
+inline int64_t bitrev4(int64_t i) {
+  return ((i & 1) << 3) | ((i & 2) << 1) | ((i & 4) >> 1) | ((i & 8) >> 3);
+}
+
+inline f32x16 sum_lanes16(const f32x16* v) {
+  f32x16 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i) {
+    a[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18,
+                                   19, 20, 21, 22, 23) +
+           __builtin_shufflevector(v[2 * i], v[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25,
+                                   26, 27, 28, 29, 30, 31);
+  }
+  for (int i = 0; i < 4; ++i) {
+    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10,
+                                   11, 24, 25, 26, 27) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14,
+                                   15, 28, 29, 30, 31);
+  }
+  for (int i = 0; i < 2; ++i) {
+    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24,
+                                   25, 12, 13, 28, 29) +
+           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26,
+                                   27, 14, 15, 30, 31);
+  }
+  return __builtin_shufflevector(c[0], c[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28,
+                                 14, 30) +
+         __builtin_shufflevector(c[0], c[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29,
+                                 15, 31);
+}
+
+template <int64_t kD, typename kvT>
+inline void load_row(const kvT* row, f32x16 (&out)[kD / kVec]) {
+  float tmp[kD];
+  for (int64_t d = 0; d < kD; ++d) tmp[d] = to_float(row[d]);
+  for (int64_t n = 0; n < kD / kVec; ++n) out[n] = load16(tmp + n * kVec);
+}
+
+// attend_group for head dims of whole vectors (64, 128): the same task, computed
+// kRows score rows at a time with the query rows, the running dot products and
+// the value accumulators in vector registers; scores of 16 keys are summed
+// together (sum_lanes16). Keys a row does not see get probability 0.
+template <int64_t kD, typename qT, typename kvT>
+void attend_group_vec(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf,
+                      const kvT* v_buf, const int64_t* slots, int64_t seq_len, int64_t q_len,
+                      int64_t kv_head, int64_t num_heads, int64_t num_kv_heads, int64_t,
+                      float scale, std::vector<float>& qf, std::vector<float>& scores,
+                      std::vector<float>&) {
+  constexpr int64_t kN = kD / kVec;
+  constexpr int64_t kRows = kVectorRegisters >= 32 ? 4 : 2;
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t rows = q_len * group;
+  const int64_t padded = (rows + kRows - 1) / kRows * kRows;
+  const int64_t prefix = seq_len - q_len;
+  const int64_t kv_stride = num_kv_heads * kD;
+  qf.assign(padded * kD, 0.0f);
+  scores.assign(padded * seq_len, 0.0f);
+  for (int64_t i = 0; i < q_len; ++i) {
+    for (int64_t g = 0; g < group; ++g) {
+      const qT* src = q + i * q_row_stride + (kv_head * group + g) * kD;
+      float* dst = qf.data() + (i * group + g) * kD;
+      for (int64_t d = 0; d < kD; ++d) dst[d] = to_float(src[d]) * scale;
+    }
+  }
+  const auto visible = [&](int64_t r) { return r < rows ? prefix + r / group + 1 : 0; };
+  for (int64_t r0 = 0; r0 < padded; r0 += kRows) {
+    const int64_t last = std::min(seq_len, visible(std::min(r0 + kRows, rows) - 1));
+    f32x16 qv[kRows][kN];
+    for (int64_t i = 0; i < kRows; ++i) {
+      for (int64_t n = 0; n < kN; ++n) qv[i][n] = load16(qf.data() + (r0 + i) * kD + n * kVec);
+    }
+    for (int64_t j0 = 0; j0 < last; j0 += kVec) {
+      const int64_t nj = std::min(kVec, last - j0);
+      f32x16 partial[kRows][kVec];
+      for (int64_t jj = 0; jj < kVec; ++jj) {
+        const int64_t slot = bitrev4(jj);
+        if (jj >= nj) {
+          for (int64_t i = 0; i < kRows; ++i) partial[i][slot] = f32x16{};
+          continue;
+        }
+        const int64_t j = j0 + jj;
+        if (j + kPrefetchAhead < seq_len) {
+          prefetch_row(k_buf + slots[j + kPrefetchAhead] * kv_stride + kv_head * kD, kD);
+        }
+        f32x16 kv[kN];
+        load_row<kD>(k_buf + slots[j] * kv_stride + kv_head * kD, kv);
+        for (int64_t i = 0; i < kRows; ++i) {
+          f32x16 p = qv[i][0] * kv[0];
+          for (int64_t n = 1; n < kN; ++n) p += qv[i][n] * kv[n];
+          partial[i][slot] = p;
+        }
+      }
+      for (int64_t i = 0; i < kRows; ++i) {
+        float lanes[kVec];
+        store16(lanes, sum_lanes16(partial[i]));
+        std::memcpy(scores.data() + (r0 + i) * seq_len + j0, lanes, nj * sizeof(float));
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {  // softmax over each row's visible keys
+    float* s = scores.data() + r * seq_len;
+    const int64_t vis = visible(r);
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < vis; ++j) m = std::max(m, s[j]);
+    for (int64_t j = 0; j < vis; ++j) s[j] = exp_vec(s[j] - m);
+    const float inv = 1.0f / lane_sum(s, vis);
+    for (int64_t j = 0; j < vis; ++j) s[j] *= inv;
+    for (int64_t j = vis; j < seq_len; ++j) s[j] = 0.0f;
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+    const int64_t last = std::min(seq_len, visible(std::min(r0 + kRows, rows) - 1));
+    f32x16 acc[kRows][kN] = {};
+    for (int64_t j = 0; j < last; ++j) {
+      if (j + kPrefetchAhead < seq_len) {
+        prefetch_row(v_buf + slots[j + kPrefetchAhead] * kv_stride + kv_head * kD, kD);
+      }
+      f32x16 vv[kN];
+      load_row<kD>(v_buf + slots[j] * kv_stride + kv_head * kD, vv);
+      for (int64_t i = 0; i < kRows; ++i) {
+        const float p = scores[(r0 + i) * seq_len + j];  // 0 for padding rows
+        for (int64_t n = 0; n < kN; ++n) acc[i][n] += p * vv[n];
+      }
+    }
+    for (int64_t i = 0; i < kRows && r0 + i < rows; ++i) {
+      const int64_t r = r0 + i, qi = r / group, g = r % group;
+      float a[kD];
+      for (int64_t n = 0; n < kN; ++n) store16(a + n * kVec, acc[i][n]);
+      qT* dst = out + (qi * num_heads + kv_head * group + g) * kD;
+      for (int64_t d = 0; d < kD; ++d) dst[d] = static_cast<qT>(a[d]);
+    }
+  }
+}
+
 // Long extends (prefill chunks): flash attention over the pool in blocks. A task
 // is kQBlock query rows of one request and one KV head (with the group's heads:
 // rows x group score rows). Keys come kKBlock at a time; each block is converted
@@ -198,25 +353,6 @@ struct BlockScratch {
   std::vector<float> qf, kt, vb, acc, m, l;
 };
 
-// A vector of 16 floats (GCC/Clang vector extension: the compiler picks the
-// instructions for the CPU, one zmm register or two ymm). The accumulators of
-// the blocked kernel are these, so that they stay in registers: as float arrays
-// they lived on the stack and every FMA waited for the previous one's store.
-typedef float f32x16 __attribute__((vector_size(64)));
-constexpr int64_t kVec = 16;
-#ifdef __AVX512F__
-constexpr int64_t kVectorRegisters = 32;
-#else
-constexpr int64_t kVectorRegisters = 16;
-#endif
-
-inline f32x16 load16(const float* p) {
-  f32x16 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof(v)); }
 
 // Score rows r0 .. r0 + kRows of a task against one key block: out[i][j] = q_i . k_j,
 // kt the block transposed ([kD][kKBlock]).
@@ -397,8 +533,8 @@ void paged_attention_impl(const at::Tensor& q, at::Tensor& out, const at::Tensor
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf, scores, acc;
     BlockScratch scratch;
-    const auto attend = head_dim == 64    ? &attend_group<64, qT, kvT>
-                        : head_dim == 128 ? &attend_group<128, qT, kvT>
+    const auto attend = head_dim == 64    ? &attend_group_vec<64, qT, kvT>
+                        : head_dim == 128 ? &attend_group_vec<128, qT, kvT>
                                           : &attend_group<0, qT, kvT>;
     const auto attend_rows = head_dim == 64 ? &attend_block<64, qT, kvT>
                                             : &attend_block<128, qT, kvT>;
