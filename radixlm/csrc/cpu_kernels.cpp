@@ -14,7 +14,7 @@
 //    them as 2, 7 and 7 operators, each a parallel region once it passes 32k
 //    elements: on a busy 2-core machine every region can wait a whole time slice
 //    for a descheduled thread (12% of a batch-32 step was in silu alone).
-// 4. small_batch_linear: a linear layer of 1-4 rows (bfloat16/half), streaming the
+// 4. small_batch_linear: a linear layer of 1-2 rows (bfloat16/half), streaming the
 //    plain weight once at close to the memory bandwidth.
 //
 // Plain C++ loops written so the compiler vectorizes them for the CPU it is
@@ -819,12 +819,13 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 }
 
 // x [M, K] (M <= kSmallBatchRows, rows may be strided), w [N, K] contiguous, bias [N]
-// or undefined -> x w^T + bias, [M, N]. A decode step of one to a few requests is a
+// or undefined -> x w^T + bias, [M, N]. A decode step of one or two requests is a
 // matrix-vector product that only streams the weight: each thread walks its rows of
 // w once, in order, converting 32 elements at a time and multiplying them into
 // every row of x. oneDNN's packed bfloat16 kernel reached ~60% of the memory
-// bandwidth at one row; this reaches ~90% (1.45x).
-constexpr int64_t kSmallBatchRows = 4;
+// bandwidth at one row; this reaches ~90% (1.45x at one row and at two; at three
+// rows the two are even, from four on oneDNN's bf16 dot products win).
+constexpr int64_t kSmallBatchRows = 2;
 constexpr int64_t kSmallBatchStep = 32;
 
 template <int64_t kM, typename T>
@@ -855,12 +856,8 @@ template <typename T>
 void small_batch_impl(const float* xf, int64_t M, int64_t K, const T* w, const T* bias, T* out,
                       int64_t N) {
   at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
-    switch (M) {
-      case 1: return small_batch_rows<1>(xf, K, w, bias, out, N, begin, end);
-      case 2: return small_batch_rows<2>(xf, K, w, bias, out, N, begin, end);
-      case 3: return small_batch_rows<3>(xf, K, w, bias, out, N, begin, end);
-      default: return small_batch_rows<4>(xf, K, w, bias, out, N, begin, end);
-    }
+    if (M == 1) return small_batch_rows<1>(xf, K, w, bias, out, N, begin, end);
+    return small_batch_rows<2>(xf, K, w, bias, out, N, begin, end);
   });
 }
 
@@ -871,7 +868,7 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& w,
               "small_batch_linear: x [M, K] and a contiguous w [N, K] of one dtype");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(M >= 1 && M <= kSmallBatchRows && K % kSmallBatchStep == 0,
-              "small_batch_linear: 1 to 4 rows, K a multiple of 32");
+              "small_batch_linear: 1 or 2 rows, K a multiple of 32");
   at::Tensor b;
   if (bias.has_value() && bias->defined()) {
     b = bias->contiguous();

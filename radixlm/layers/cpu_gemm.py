@@ -20,9 +20,10 @@ Two formats replace a dense weight once it is loaded (`prepare_model`):
 
 A packed bfloat16/half weight also keeps its plain copy (`keeps_plain_copy`) where the
 C++ kernels are built and all such weights take at most MAX_PLAIN_COPY_BYTES: a
-step of 1-4 rows (one to four streams decoding) then runs `small_batch_linear`,
+step of 1-2 rows (one or two streams decoding) then runs `small_batch_linear`,
 which streams the plain weight at ~90% of the memory bandwidth where oneDNN's
-packed kernel reached ~60% (1.45x on all of SmolLM2's linear layers at one row).
+packed kernel reached ~60% (1.45x on all of SmolLM2's linear layers at one and at
+two rows; even at three, slower from four, where oneDNN's bf16 dot products win).
 The output layer of a tied embedding already has its plain weight.
 
 torch's weight-only `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` are
@@ -47,7 +48,7 @@ _PACK_BATCH_HINT = 64
 QUANTIZATIONS = ("none", "w8a8_int8")
 
 # small_batch_linear: at most this many rows, K a multiple of SMALL_BATCH_K_STEP.
-SMALL_BATCH_ROWS = 4
+SMALL_BATCH_ROWS = 2  # at 3 rows oneDNN's packed kernel is as fast, from 4 faster
 SMALL_BATCH_K_STEP = 32
 # Plain copies of packed weights are kept while they take at most this much memory.
 MAX_PLAIN_COPY_BYTES = 2 << 30
@@ -170,7 +171,7 @@ def prepare_model(model: nn.Module, quantization: str = "none") -> tuple[int, in
                       and can_pack(w) and small_batch_capable(w))
     keep_plain = quantization == "none" and 0 < plain_bytes <= MAX_PLAIN_COPY_BYTES
     if keep_plain:
-        logger.info("Small-batch kernel for 1-4 rows: plain copies of packed weights kept "
+        logger.info("Small-batch kernel for 1-2 rows: plain copies of packed weights kept "
                     "(%.0f MB)", plain_bytes / 2**20)
     elif plain_bytes > MAX_PLAIN_COPY_BYTES:
         logger.info("Small-batch kernel off: plain copies would take %.1f GB (at most %.1f)",

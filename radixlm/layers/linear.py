@@ -132,7 +132,7 @@ class _LinearBase(nn.Module):
         if self._int8 is not None:
             return int8_linear(x, self._int8, bias)  # [T, output_size_per_partition]
         if self._packed is not None and x.dim() == 2:
-            out = small_batch_linear(x, self._plain, bias)  # 1-4 rows: stream the plain copy
+            out = small_batch_linear(x, self._plain, bias)  # 1-2 rows: stream the plain copy
             if out is not None:
                 return out  # [T, output_size_per_partition]
             return packed_linear(x, self._packed, bias)  # [T, output_size_per_partition]

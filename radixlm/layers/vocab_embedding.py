@@ -85,7 +85,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self._weight_t_key: tuple[int, int] | None = None
         # After prepare_weights(): a oneDNN-packed or int8 copy of the weight.
         self._packed: torch.Tensor | None = None
-        self._small_batch = False  # compute_logits of 1-4 rows through the plain weight
+        self._small_batch = False  # compute_logits of 1-2 rows through the plain weight
         self._int8: Int8Weight | None = None
         # SmoothQuant scales [embedding_dim] for the int8 copy (set before prepare_weights).
         self.int8_smoothing: torch.Tensor | None = None
@@ -111,7 +111,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         for compute_logits. Returns "int8", "packed" or "dense".
 
         The dense weight stays: a tied embedding still looks rows up in it, and with
-        keep_plain, compute_logits of 1-4 rows streams it (cpu_gemm.small_batch_linear).
+        keep_plain, compute_logits of 1-2 rows streams it (cpu_gemm.small_batch_linear).
         """
         self._small_batch = keep_plain and small_batch_capable(self.weight)
         if self._int8 is None and self._packed is None:

@@ -201,7 +201,7 @@ def test_rotary_embedding_matches_torch(dtype: torch.dtype, num_tokens: int) -> 
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("num_rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("num_rows", [1, 2])
 def test_small_batch_linear_matches_torch(dtype: torch.dtype, num_rows: int) -> None:
     from radixlm.layers.cpu_gemm import small_batch_linear
 
@@ -214,10 +214,10 @@ def test_small_batch_linear_matches_torch(dtype: torch.dtype, num_rows: int) -> 
         assert out is not None and out.shape == (num_rows, 200) and out.dtype == dtype
         reference = x.double() @ weight.double().t() + (0 if b is None else b.double())
         torch.testing.assert_close(out.double(), reference, rtol=1e-2, atol=1e-2)
-    assert small_batch_linear(torch.randn(5, 96).to(dtype), weight, None) is None  # 5 rows
+    assert small_batch_linear(torch.randn(3, 96).to(dtype), weight, None) is None  # 3 rows
 
 
-def test_linear_takes_the_small_batch_kernel_up_to_four_rows() -> None:
+def test_linear_takes_the_small_batch_kernel_up_to_two_rows() -> None:
     from radixlm.layers.cpu_gemm import can_pack
     from radixlm.layers.linear import ColumnParallelLinear
 
@@ -231,7 +231,7 @@ def test_linear_takes_the_small_batch_kernel_up_to_four_rows() -> None:
     dense = layer.weight.detach().clone()
     assert layer.prepare_weights("none", keep_plain=True) == "packed"
     assert layer._plain is not None and torch.equal(layer._plain, dense)
-    for rows in (1, 4, 5, 33):  # 5 and 33: the packed oneDNN path
+    for rows in (1, 2, 3, 33):  # 3 and 33: the packed oneDNN path
         x = torch.randn(rows, 64).to(torch.bfloat16)
         reference = x.float() @ dense.float().t() + layer.bias.float()
         torch.testing.assert_close(layer(x).float(), reference, rtol=2e-2, atol=2e-2)
