@@ -79,8 +79,10 @@ def own_seconds() -> float:
 
 
 class ThreadGovernor:
-    """Runs `max_threads` threads while the cores are otherwise free, one while others'
-    load exceeds BUSY cores; back to all once it stays under IDLE for SETTLE samples.
+    """Runs `max_threads` threads while the cores are otherwise free, one once others'
+    load exceeds BUSY cores for SETTLE samples in a row; back to all once it stays under
+    IDLE for SETTLE samples. (One sample is not enough either way: the server's own HTTP
+    process takes ~0.4 cores for a moment when 32 requests arrive at once.)
 
     tick() is called every scheduler iteration and samples every INTERVAL seconds.
     """
@@ -102,7 +104,7 @@ class ThreadGovernor:
         self._set_threads = set_threads
         self._machine = machine_seconds or (lambda: busy_seconds(cpus))
         self._self, self._clock = self_seconds, clock
-        self._quiet = 0
+        self._quiet = self._busy = 0
         self._last = self._sample()
         self._next = self._last[0] + self.INTERVAL
 
@@ -118,15 +120,17 @@ class ThreadGovernor:
         if m0 is None or m1 is None or t1 <= t0:
             return
         self.others_load = max((m1 - m0) - (s1 - s0), 0.0) / (t1 - t0)
-        if self.threads > 1 and self.others_load > self.BUSY:
-            self._switch(1)
-        elif self.threads < self.max_threads:
+        if self.threads > 1:
+            self._busy = self._busy + 1 if self.others_load > self.BUSY else 0
+            if self._busy >= self.SETTLE:
+                self._switch(1)
+        else:
             self._quiet = self._quiet + 1 if self.others_load < self.IDLE else 0
             if self._quiet >= self.SETTLE:
                 self._switch(self.max_threads)
 
     def _switch(self, threads: int) -> None:
-        self._quiet = 0
+        self._quiet = self._busy = 0
         self.threads = threads
         self.num_switches += 1
         self._set_threads(threads)

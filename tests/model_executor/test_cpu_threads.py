@@ -45,7 +45,15 @@ def test_governor_drops_to_one_thread_under_load_and_returns_when_quiet() -> Non
         fake.advance(0.5, own_cores=2.0, other_cores=0.05)
         gov.tick()
     assert gov.threads == 2 and calls == []
+    fake.advance(0.5, own_cores=1.6, other_cores=0.4)  # one busy sample: a burst
+    gov.tick()
+    fake.advance(0.5, own_cores=2.0, other_cores=0.05)
+    gov.tick()
+    assert gov.threads == 2 and calls == []
     fake.advance(0.5, own_cores=1.4, other_cores=0.6)
+    gov.tick()
+    assert gov.threads == 2
+    fake.advance(0.5, own_cores=1.4, other_cores=0.6)  # the second in a row: one thread
     gov.tick()
     assert gov.threads == 1 and calls == [1]
     assert gov.others_load == pytest.approx(0.6)
