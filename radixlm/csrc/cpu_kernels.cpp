@@ -130,17 +130,15 @@ inline void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof(v)); }
 // One (request, KV head) task. q rows of the request: [q_len, H, D] at q, rows
 // q_row_stride elements apart; out: [q_len, H, D] contiguous. Query row i sits
 // at position prefix + i and attends keys 0 .. prefix + i (causal within the
-// new rows). kD: the head dim when it is known at compile time (64, 128: the
-// loops over it unroll into a few vector instructions), else 0 (head_dim).
-// Each key and value row is converted to float once, into kv_row, and then
-// used by every query row of the group.
-template <int64_t kD, typename qT, typename kvT>
+// new rows). Each key and value row is converted to float once, into kv_row,
+// and then used by every query row of the group. Head dims of whole vectors
+// (64, 128) take attend_group_vec instead.
+template <typename qT, typename kvT>
 void attend_group(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf,
                   const kvT* v_buf, const int64_t* slots, int64_t seq_len, int64_t q_len,
-                  int64_t kv_head, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim_rt,
+                  int64_t kv_head, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                   float scale, std::vector<float>& qf, std::vector<float>& scores,
                   std::vector<float>& acc) {
-  const int64_t head_dim = kD > 0 ? kD : head_dim_rt;
   const int64_t group = num_heads / num_kv_heads;
   const int64_t rows = q_len * group;  // (query row, head of the group) pairs
   const int64_t prefix = seq_len - q_len;
@@ -535,7 +533,7 @@ void paged_attention_impl(const at::Tensor& q, at::Tensor& out, const at::Tensor
     BlockScratch scratch;
     const auto attend = head_dim == 64    ? &attend_group_vec<64, qT, kvT>
                         : head_dim == 128 ? &attend_group_vec<128, qT, kvT>
-                                          : &attend_group<0, qT, kvT>;
+                                          : &attend_group<qT, kvT>;
     const auto attend_rows = head_dim == 64 ? &attend_block<64, qT, kvT>
                                             : &attend_block<128, qT, kvT>;
     for (int64_t t = begin; t < end; ++t) {
