@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import zmq
@@ -65,6 +65,7 @@ from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
 from radixlm.tokenizer.generate_output import GenerateOutput, LogprobItem
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput, check_dimensions, tokenize_pooling
 from radixlm.tokenizer.request_input import GenerateReqInput, SingleReq
+from radixlm.tokenizer.sample_state import SampleState, accumulate, joined, merge_outputs
 from radixlm.tokenizer.validation import prompt_too_long, validate_request
 from radixlm.utils import PortArgs
 
@@ -105,41 +106,6 @@ class EmbeddingResult:
     cached_tokens: int
 
 
-async def _next_output(state: _SampleState) -> GenerateOutput | Exception:
-    """The next output of a generate call's sample (never an EmbeddingOut)."""
-    out = await state.queue.get()
-    assert not isinstance(out, EmbeddingOut), "an encode call's output reached generate"
-    return out
-
-
-@dataclass
-class _SampleState:
-    index: int  # position in the flattened (prompt, sample) output list
-    rid: str
-    stream: bool
-    return_logprob: bool
-    return_text_in_logprobs: bool
-    created: float = field(default_factory=time.monotonic)
-    # GenerateOutputs of a generate call; the one EmbeddingOut of an encode call.
-    queue: asyncio.Queue[GenerateOutput | EmbeddingOut | Exception] = field(
-        default_factory=asyncio.Queue)
-    finished: bool = False
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    # A non-streaming sample's output so far, joined into its one output at the end.
-    text_parts: list[str] = field(default_factory=list)
-    hidden_states: list[list[float]] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    output_token_logprobs: list[LogprobItem] = field(default_factory=list)
-    output_top_logprobs: list[list[LogprobItem]] = field(default_factory=list)
-    input_token_logprobs: list[LogprobItem | None] | None = None
-    input_top_logprobs: list[list[LogprobItem] | None] | None = None
-    # With prompt logprobs: the prompt (a reference, not a copy) and the first position
-    # scored, to name the token of a position without a logprob ([null, id, text]).
-    prompt_ids: list[int] | None = None
-    logprob_start_len: int = 0
-
-
 class TokenizerManager:
     def __init__(self, server_args: ServerArgs, model_dir: str, ports: PortArgs,
                  tokenizer: Any = None) -> None:
@@ -163,7 +129,7 @@ class TokenizerManager:
         self.to_scheduler.connect(ports.scheduler_input)
         self.recv = self.ctx.socket(zmq.PULL)
         self.recv.bind(ports.tokenizer_input)
-        self.states: dict[str, _SampleState] = {}
+        self.states: dict[str, SampleState] = {}
         self.model_info: dict[str, Any] = {}
         self.ready = asyncio.Event()
         self.dead_reason: str | None = None
@@ -215,17 +181,17 @@ class TokenizerManager:
         singles = await self.tokenizer_workers.run(obj.normalize)
         prepared = [await self._prepare(s) for s in singles]  # validate all before sending
         self._check_rids(singles, [params.n for _, params, _ in prepared])
-        states: list[_SampleState] = []
+        states: list[SampleState] = []
         async with self._holding_weights():
             try:
                 for single, (input_ids, params, mm_inputs) in zip(singles, prepared):
                     self._send(single, input_ids, params, mm_inputs, states)
-                async for out in self._merge(states, obj.stream):
+                async for out in merge_outputs(states):
                     yield out
             finally:
                 self._forget(states)
 
-    def _forget(self, states: list[_SampleState]) -> None:
+    def _forget(self, states: list[SampleState]) -> None:
         """Abort what is unfinished and drop every state (however the call ended)."""
         for s in states:
             if not s.finished:
@@ -264,13 +230,13 @@ class TokenizerManager:
                     for i, s in enumerate(singles)]
         params = SamplingParams.from_dict({"max_new_tokens": 0})
         background = _BACKGROUND.get()
-        states: list[_SampleState] = []
+        states: list[SampleState] = []
         async with self._holding_weights():
             try:
                 for i, (single, (ids, types)) in enumerate(zip(singles, prepared)):
                     if single.rid in self.states:
                         raise ValueError(f"Duplicate request id {single.rid!r}")
-                    state = _SampleState(i, single.rid, False, False, False)
+                    state = SampleState(i, single.rid, False, False, False)
                     self.states[single.rid] = state
                     states.append(state)
                     self.to_scheduler.send_pyobj(TokenizedGenerateReq(
@@ -280,7 +246,7 @@ class TokenizerManager:
             finally:
                 self._forget(states)
 
-    async def _embedding_result(self, state: _SampleState) -> EmbeddingResult:
+    async def _embedding_result(self, state: SampleState) -> EmbeddingResult:
         out = await state.queue.get()
         if isinstance(out, Exception):
             raise out
@@ -357,7 +323,7 @@ class TokenizerManager:
         return priority
 
     def _send(self, single: SingleReq, input_ids: list[int], params: SamplingParams,
-              mm_inputs: MultimodalInputs | None, states: list[_SampleState]) -> None:
+              mm_inputs: MultimodalInputs | None, states: list[SampleState]) -> None:
         """Register and send the request's samples, appending each to `states` first (so
         the caller releases whatever was registered, even if sending fails)."""
         n = params.n
@@ -366,8 +332,8 @@ class TokenizerManager:
                              if single.return_logprob and single.logprob_start_len >= 0 else None)
         for i in range(n):
             rid = sample_rid(single.rid, i, n)
-            state = _SampleState(len(states), rid, single.stream, single.return_logprob,
-                                 single.return_text_in_logprobs)
+            state = SampleState(len(states), rid, single.stream, single.return_logprob,
+                                single.return_text_in_logprobs)
             if logprob_start_len is not None:
                 state.prompt_ids, state.logprob_start_len = input_ids, logprob_start_len
             self.states[rid] = state
@@ -381,39 +347,6 @@ class TokenizerManager:
                 return_hidden_states=single.return_hidden_states,
                 priority=self._priority(single.priority),
             ))
-
-    async def _merge(self, states: list[_SampleState], stream: bool
-                     ) -> AsyncIterator[GenerateOutput]:
-        if len(states) == 1:
-            state = states[0]
-            while True:
-                out = await _next_output(state)
-                if isinstance(out, Exception):
-                    raise out
-                yield out
-                if out.finished:
-                    return
-        merged: asyncio.Queue[GenerateOutput | Exception] = asyncio.Queue()
-
-        async def pump(state: _SampleState) -> None:
-            while True:
-                out = await _next_output(state)
-                await merged.put(out)
-                if isinstance(out, Exception) or out.finished:
-                    return
-
-        tasks = [asyncio.create_task(pump(s)) for s in states]
-        try:
-            remaining = len(states)
-            while remaining:
-                out = await merged.get()
-                if isinstance(out, Exception):
-                    raise out
-                yield out
-                remaining -= out.finished
-        finally:
-            for t in tasks:
-                t.cancel()
 
     def abort_request(self, rid: str | None = None, abort_all: bool = False,
                       message: str = "Aborted by request") -> None:
@@ -528,15 +461,15 @@ class TokenizerManager:
             self._add_logprobs(out, tok, state)
         state.finished = out.finished
         if not state.stream:
-            _accumulate(state, out)
+            accumulate(state, out)
             if not out.finished:
                 return
-            out = _joined(state, out)
+            out = joined(state, out)
         if out.finished and self.on_sample_finished is not None:
             self.on_sample_finished(out)
         state.queue.put_nowait(out)
 
-    def _add_logprobs(self, out: GenerateOutput, tok: TokenOut, state: _SampleState) -> None:
+    def _add_logprobs(self, out: GenerateOutput, tok: TokenOut, state: SampleState) -> None:
         """The delta's logprobs as `[logprob, token_id, text]` items (see generate_output);
         a prompt position without a logprob (the first one) is `[None, token_id, text]`."""
         with_text = state.return_text_in_logprobs
@@ -627,30 +560,3 @@ def _check_token_only(single: SingleReq) -> None:
             raise ValueError(f"'{name}' (a grammar){why}")
     if single.image_data or single.video_data:
         raise ValueError("Images and videos" + why)
-
-
-def _accumulate(state: _SampleState, out: GenerateOutput) -> None:
-    """Keep a non-streaming sample's delta for its final output (O(delta))."""
-    state.text_parts.append(out.text)
-    state.token_ids.extend(out.token_ids)
-    state.output_token_logprobs.extend(out.output_token_logprobs or [])
-    state.output_top_logprobs.extend(out.output_top_logprobs or [])
-    if out.hidden_states is not None:
-        state.hidden_states.extend(out.hidden_states)
-    if out.input_token_logprobs is not None:
-        state.input_token_logprobs = out.input_token_logprobs
-        state.input_top_logprobs = out.input_top_logprobs
-
-
-def _joined(state: _SampleState, last: GenerateOutput) -> GenerateOutput:
-    """A non-streaming sample's one output: everything it produced, with the last counts."""
-    last.text = "".join(state.text_parts)
-    last.token_ids = state.token_ids
-    if last.hidden_states is not None:
-        last.hidden_states = state.hidden_states
-    if state.return_logprob:
-        last.output_token_logprobs = state.output_token_logprobs
-        last.output_top_logprobs = state.output_top_logprobs
-        last.input_token_logprobs = state.input_token_logprobs
-        last.input_top_logprobs = state.input_top_logprobs
-    return last

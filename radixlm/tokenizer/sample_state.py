@@ -1,0 +1,116 @@
+"""What the TokenizerManager keeps for each sample in flight, and how its outputs flow.
+
+A call has one `SampleState` per (prompt, sample): the queue its outputs
+reach, its timing, and, with prompt logprobs, where to find the prompt's
+tokens. A streaming sample's outputs go out as they come; a non-streaming
+sample's deltas are kept by `accumulate` (O(delta) each) and `joined` into
+its one output at its end. `merge_outputs` yields a call's outputs, from all
+its samples, in the order they arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from radixlm.io_struct import EmbeddingOut
+from radixlm.tokenizer.generate_output import GenerateOutput, LogprobItem
+
+
+@dataclass
+class SampleState:
+    index: int  # position in the flattened (prompt, sample) output list
+    rid: str
+    stream: bool
+    return_logprob: bool
+    return_text_in_logprobs: bool
+    created: float = field(default_factory=time.monotonic)
+    # GenerateOutputs of a generate call; the one EmbeddingOut of an encode call.
+    queue: asyncio.Queue[GenerateOutput | EmbeddingOut | Exception] = field(
+        default_factory=asyncio.Queue)
+    finished: bool = False
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    # A non-streaming sample's output so far, joined into its one output at the end.
+    text_parts: list[str] = field(default_factory=list)
+    hidden_states: list[list[float]] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    output_token_logprobs: list[LogprobItem] = field(default_factory=list)
+    output_top_logprobs: list[list[LogprobItem]] = field(default_factory=list)
+    input_token_logprobs: list[LogprobItem | None] | None = None
+    input_top_logprobs: list[list[LogprobItem] | None] | None = None
+    # With prompt logprobs: the prompt (a reference, not a copy) and the first position
+    # scored, to name the token of a position without a logprob ([null, id, text]).
+    prompt_ids: list[int] | None = None
+    logprob_start_len: int = 0
+
+
+async def next_output(state: SampleState) -> GenerateOutput | Exception:
+    """The next output of a generate call's sample (never an EmbeddingOut)."""
+    out = await state.queue.get()
+    assert not isinstance(out, EmbeddingOut), "an encode call's output reached generate"
+    return out
+
+
+async def merge_outputs(states: list[SampleState]) -> AsyncIterator[GenerateOutput]:
+    """Every output of the samples `states`, as each arrives, until all have finished;
+    an error any of them gets is raised."""
+    if len(states) == 1:
+        state = states[0]
+        while True:
+            out = await next_output(state)
+            if isinstance(out, Exception):
+                raise out
+            yield out
+            if out.finished:
+                return
+    merged: asyncio.Queue[GenerateOutput | Exception] = asyncio.Queue()
+
+    async def pump(state: SampleState) -> None:
+        while True:
+            out = await next_output(state)
+            await merged.put(out)
+            if isinstance(out, Exception) or out.finished:
+                return
+
+    tasks = [asyncio.create_task(pump(s)) for s in states]
+    try:
+        remaining = len(states)
+        while remaining:
+            out = await merged.get()
+            if isinstance(out, Exception):
+                raise out
+            yield out
+            remaining -= out.finished
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def accumulate(state: SampleState, out: GenerateOutput) -> None:
+    """Keep a non-streaming sample's delta for its final output (O(delta))."""
+    state.text_parts.append(out.text)
+    state.token_ids.extend(out.token_ids)
+    state.output_token_logprobs.extend(out.output_token_logprobs or [])
+    state.output_top_logprobs.extend(out.output_top_logprobs or [])
+    if out.hidden_states is not None:
+        state.hidden_states.extend(out.hidden_states)
+    if out.input_token_logprobs is not None:
+        state.input_token_logprobs = out.input_token_logprobs
+        state.input_top_logprobs = out.input_top_logprobs
+
+
+def joined(state: SampleState, last: GenerateOutput) -> GenerateOutput:
+    """A non-streaming sample's one output: everything it produced, with the last counts."""
+    last.text = "".join(state.text_parts)
+    last.token_ids = state.token_ids
+    if last.hidden_states is not None:
+        last.hidden_states = state.hidden_states
+    if state.return_logprob:
+        last.output_token_logprobs = state.output_token_logprobs
+        last.output_top_logprobs = state.output_top_logprobs
+        last.input_token_logprobs = state.input_token_logprobs
+        last.input_top_logprobs = state.input_top_logprobs
+    return last
