@@ -43,7 +43,6 @@ from radixlm.io_struct import (
     FlushCacheOut,
     FlushCacheReq,
     GetServerInfoReq,
-    LogprobEntry,
     PoolingParams,
     ProcessError,
     ProfileOut,
@@ -52,7 +51,6 @@ from radixlm.io_struct import (
     ServerInfoOut,
     StrOut,
     TokenizedGenerateReq,
-    TokenOut,
     UpdateWeightsFromDiskOut,
     UpdateWeightsFromDiskReq,
     sample_rid,
@@ -62,7 +60,8 @@ from radixlm.multimodal.processor import TextOnlyProcessor, create_mm_processor
 from radixlm.sampling.sampling_params import GRAMMAR_PARAMS, SamplingParams, sample_seed
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
-from radixlm.tokenizer.generate_output import GenerateOutput, LogprobItem
+from radixlm.tokenizer.generate_output import GenerateOutput
+from radixlm.tokenizer.logprob_items import add_logprobs
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput, check_dimensions, tokenize_pooling
 from radixlm.tokenizer.request_input import GenerateReqInput, SingleReq
 from radixlm.tokenizer.sample_state import SampleState, accumulate, joined, merge_outputs
@@ -458,7 +457,7 @@ class TokenizerManager:
             hidden_states=tok.hidden_states,
         )
         if state.return_logprob:
-            self._add_logprobs(out, tok, state)
+            add_logprobs(out, tok, state, self.tokenizer)
         state.finished = out.finished
         if not state.stream:
             accumulate(state, out)
@@ -468,37 +467,6 @@ class TokenizerManager:
         if out.finished and self.on_sample_finished is not None:
             self.on_sample_finished(out)
         state.queue.put_nowait(out)
-
-    def _add_logprobs(self, out: GenerateOutput, tok: TokenOut, state: SampleState) -> None:
-        """The delta's logprobs as `[logprob, token_id, text]` items (see generate_output);
-        a prompt position without a logprob (the first one) is `[None, token_id, text]`."""
-        with_text = state.return_text_in_logprobs
-
-        with_text = with_text and self.tokenizer is not None
-
-        def item(e: LogprobEntry) -> LogprobItem:
-            logprob, token_id = e
-            text = self.tokenizer.decode([token_id]) if with_text else None
-            return [logprob, token_id, text]
-
-        def prompt_item(pos: int, e: LogprobEntry | None) -> LogprobItem | None:
-            if e is not None:
-                return item(e)
-            ids = state.prompt_ids
-            if ids is None or not 0 <= state.logprob_start_len + pos < len(ids):
-                return None
-            token_id = ids[state.logprob_start_len + pos]
-            return [None, token_id, self.tokenizer.decode([token_id]) if with_text else None]
-
-        out.output_token_logprobs = [item(e) for e in tok.output_token_logprobs or []]
-        out.output_top_logprobs = [[item(e) for e in tops] for tops in tok.output_top_logprobs or []]
-        if tok.input_token_logprobs is not None:
-            out.input_token_logprobs = [
-                prompt_item(i, e) for i, e in enumerate(tok.input_token_logprobs)]
-            out.input_top_logprobs = [
-                [item(e) for e in tops] if tops is not None else None
-                for tops in tok.input_top_logprobs or []
-            ]
 
     # ------------------------------------------------------------------ health
 
