@@ -57,7 +57,7 @@ from radixlm.io_struct import (
 )
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.multimodal.processor import TextOnlyProcessor, create_mm_processor
-from radixlm.sampling.sampling_params import GRAMMAR_PARAMS, SamplingParams, sample_seed
+from radixlm.sampling.sampling_params import SamplingParams, sample_seed
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
 from radixlm.tokenizer.generate_output import GenerateOutput
@@ -65,7 +65,12 @@ from radixlm.tokenizer.logprob_items import add_logprobs
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput, check_dimensions, tokenize_pooling
 from radixlm.tokenizer.request_input import GenerateReqInput, SingleReq
 from radixlm.tokenizer.sample_state import SampleState, accumulate, joined, merge_outputs
-from radixlm.tokenizer.validation import prompt_too_long, validate_request
+from radixlm.tokenizer.validation import (
+    check_rids,
+    check_token_only,
+    prompt_too_long,
+    validate_request,
+)
 from radixlm.utils import PortArgs
 
 logger = logging.getLogger(__name__)
@@ -179,7 +184,7 @@ class TokenizerManager:
         # a request of millions of ids leaves the event loop free (the GIL switches).
         singles = await self.tokenizer_workers.run(obj.normalize)
         prepared = [await self._prepare(s) for s in singles]  # validate all before sending
-        self._check_rids(singles, [params.n for _, params, _ in prepared])
+        check_rids(singles, [params.n for _, params, _ in prepared], self.states)
         states: list[SampleState] = []
         async with self._holding_weights():
             try:
@@ -258,15 +263,6 @@ class TokenizerManager:
             raise RequestAborted(message)
         return EmbeddingResult(state.index, out.embedding, out.prompt_tokens, out.cached_tokens)
 
-    def _check_rids(self, singles: list[SingleReq], ns: list[int]) -> None:
-        """Refuse a request id already in flight or used twice by one request."""
-        seen: set[str] = set()
-        for single, n in zip(singles, ns):
-            for rid in (sample_rid(single.rid, i, n) for i in range(n)):
-                if rid in seen or rid in self.states:
-                    raise ValueError(f"Duplicate request id {rid!r}")
-                seen.add(rid)
-
     async def _prepare(self, single: SingleReq
                        ) -> tuple[list[int], SamplingParams, MultimodalInputs | None]:
         if single.return_hidden_states and not self.args.enable_return_hidden_states:
@@ -276,7 +272,7 @@ class TokenizerManager:
         vocab_size = self.model_info.get("vocab_size") or len(self.tokenizer)
         context_len = self.model_info.get("context_length", 1 << 30)
         if self.tokenizer is None:
-            _check_token_only(single)
+            check_token_only(single)
         if single.input_ids is not None:
             input_ids = single.input_ids
             if len(input_ids) >= context_len:  # media only add tokens: refuse it now
@@ -511,20 +507,3 @@ class TokenizerManager:
         self.to_scheduler.close(linger=0)
         self.recv.close(linger=0)
         self.ctx.term()
-
-
-def _check_token_only(single: SingleReq) -> None:
-    """--skip-tokenizer-init: refuse (ValueError, a 400) what needs the tokenizer."""
-    why = " needs the tokenizer, and this server runs with --skip-tokenizer-init"
-    if single.input_ids is None:
-        raise ValueError("A text prompt" + why + ": send 'input_ids' instead of 'text'")
-    params = single.sampling_params
-    if params.get("stop"):
-        raise ValueError("'stop' (stop strings)" + why + ": use 'stop_token_ids'")
-    if params.get("stop_regex"):
-        raise ValueError("'stop_regex'" + why + ": use 'stop_token_ids'")
-    for name in GRAMMAR_PARAMS:
-        if params.get(name) is not None:
-            raise ValueError(f"'{name}' (a grammar){why}")
-    if single.image_data or single.video_data:
-        raise ValueError("Images and videos" + why)

@@ -6,8 +6,11 @@ HTTP layer turns it into a 400, the Engine raises it to the caller.
 
 from __future__ import annotations
 
+from collections.abc import Container
+
+from radixlm.io_struct import sample_rid
 from radixlm.multimodal.mm_inputs import MultimodalInputs
-from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.sampling.sampling_params import GRAMMAR_PARAMS, SamplingParams
 from radixlm.tokenizer.request_input import SingleReq
 
 MAX_TOP_LOGPROBS = 100
@@ -67,6 +70,34 @@ def validate_request(
             f"prompt length ({len(input_ids)})"
         )
     return params
+
+
+def check_rids(singles: list[SingleReq], ns: list[int], in_flight: Container[str]) -> None:
+    """Refuse a request id already in flight or used twice by one request (`ns`: each
+    request's number of samples, each with its own id)."""
+    seen: set[str] = set()
+    for single, n in zip(singles, ns):
+        for rid in (sample_rid(single.rid, i, n) for i in range(n)):
+            if rid in seen or rid in in_flight:
+                raise ValueError(f"Duplicate request id {rid!r}")
+            seen.add(rid)
+
+
+def check_token_only(single: SingleReq) -> None:
+    """--skip-tokenizer-init: refuse (ValueError, a 400) what needs the tokenizer."""
+    why = " needs the tokenizer, and this server runs with --skip-tokenizer-init"
+    if single.input_ids is None:
+        raise ValueError("A text prompt" + why + ": send 'input_ids' instead of 'text'")
+    params = single.sampling_params
+    if params.get("stop"):
+        raise ValueError("'stop' (stop strings)" + why + ": use 'stop_token_ids'")
+    if params.get("stop_regex"):
+        raise ValueError("'stop_regex'" + why + ": use 'stop_token_ids'")
+    for name in GRAMMAR_PARAMS:
+        if params.get(name) is not None:
+            raise ValueError(f"'{name}' (a grammar){why}")
+    if single.image_data or single.video_data:
+        raise ValueError("Images and videos" + why)
 
 
 def _first_out_of_vocab(input_ids: list[int], vocab_size: int,
