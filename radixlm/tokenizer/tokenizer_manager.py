@@ -29,7 +29,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import zmq
@@ -39,7 +38,6 @@ from radixlm.io_struct import (
     AbortReq,
     BatchEmbeddingOut,
     BatchStrOut,
-    EmbeddingOut,
     FlushCacheOut,
     FlushCacheReq,
     GetServerInfoReq,
@@ -63,6 +61,7 @@ from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
 from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.logprob_items import add_logprobs
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput, check_dimensions, tokenize_pooling
+from radixlm.tokenizer.pooling_output import EmbeddingResult, embedding_result
 from radixlm.tokenizer.request_input import GenerateReqInput, SingleReq
 from radixlm.tokenizer.sample_state import SampleState, accumulate, joined, merge_outputs
 from radixlm.tokenizer.validation import (
@@ -82,10 +81,6 @@ class EngineDeadError(RuntimeError):
     """A child process of the engine died; no request can be served."""
 
 
-class RequestAborted(RuntimeError):
-    """A pooling request ended without its vector (aborted, or the server is stopping)."""
-
-
 _BACKGROUND: ContextVar[bool] = ContextVar("radixlm_background_traffic", default=False)
 
 
@@ -98,16 +93,6 @@ def background_traffic() -> Iterator[None]:
         yield
     finally:
         _BACKGROUND.reset(token)
-
-
-@dataclass
-class EmbeddingResult:
-    """One input's answer from a pooling model."""
-
-    index: int
-    embedding: list[float]  # the vector, or a classifier's label logits
-    prompt_tokens: int
-    cached_tokens: int
 
 
 class TokenizerManager:
@@ -246,22 +231,9 @@ class TokenizerManager:
                     self.to_scheduler.send_pyobj(TokenizedGenerateReq(
                         rid=single.rid, input_ids=ids, sampling_params=params,
                         pooling=PoolingParams(obj.dimensions, types), background=background))
-                return [await self._embedding_result(s) for s in states]
+                return [await embedding_result(s) for s in states]
             finally:
                 self._forget(states)
-
-    async def _embedding_result(self, state: SampleState) -> EmbeddingResult:
-        out = await state.queue.get()
-        if isinstance(out, Exception):
-            raise out
-        assert isinstance(out, EmbeddingOut)
-        reason = out.finished_reason
-        if out.embedding is None:
-            message = reason.message or "The request was aborted"
-            if reason.status_code == 400:
-                raise ValueError(message)
-            raise RequestAborted(message)
-        return EmbeddingResult(state.index, out.embedding, out.prompt_tokens, out.cached_tokens)
 
     async def _prepare(self, single: SingleReq
                        ) -> tuple[list[int], SamplingParams, MultimodalInputs | None]:

@@ -33,7 +33,8 @@ from radixlm.entrypoints.openai.errors import APIError, JSONResponse
 from radixlm.entrypoints.openai.utils import new_id
 from radixlm.entrypoints.server_state import ServerState
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput
-from radixlm.tokenizer.tokenizer_manager import EmbeddingResult, EngineDeadError, RequestAborted
+from radixlm.tokenizer.pooling_output import EmbeddingResult, RequestAborted
+from radixlm.tokenizer.tokenizer_manager import EngineDeadError
 
 # ---------------------------------------------------------------- requests
 
