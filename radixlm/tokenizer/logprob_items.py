@@ -9,11 +9,13 @@ token, `[None, token_id, text]`, from the prompt the sample's state keeps.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlm.io_struct import LogprobEntry, TokenOut
 from radixlm.tokenizer.generate_output import GenerateOutput, LogprobItem
-from radixlm.tokenizer.sample_state import SampleState
+
+if TYPE_CHECKING:
+    from radixlm.tokenizer.sample_state import SampleState
 
 
 def add_logprobs(out: GenerateOutput, tok: TokenOut, state: SampleState,

@@ -1,11 +1,12 @@
-"""What the TokenizerManager keeps for each sample in flight, and how its outputs flow.
+"""What the TokenizerManager keeps for each sample in flight, and the outputs it makes.
 
 A call has one `SampleState` per (prompt, sample): the queue its outputs
 reach, its timing, and, with prompt logprobs, where to find the prompt's
-tokens. A streaming sample's outputs go out as they come; a non-streaming
-sample's deltas are kept by `accumulate` (O(delta) each) and `joined` into
-its one output at its end. `merge_outputs` yields a call's outputs, from all
-its samples, in the order they arrive.
+tokens. `output_of` turns the detokenizer's delta into the sample's
+`GenerateOutput`: a streaming sample's goes out as it comes; a non-streaming
+sample's deltas are kept (O(delta) each) and joined into its one output at
+its end. `merge_outputs` yields a call's outputs, from all its samples, in
+the order they arrive.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
-from radixlm.io_struct import EmbeddingOut
+from radixlm.io_struct import EmbeddingOut, StrOut
 from radixlm.tokenizer.generate_output import GenerateOutput, LogprobItem
+from radixlm.tokenizer.logprob_items import add_logprobs
 
 
 @dataclass
@@ -45,6 +48,39 @@ class SampleState:
     # scored, to name the token of a position without a logprob ([null, id, text]).
     prompt_ids: list[int] | None = None
     logprob_start_len: int = 0
+
+
+def output_of(state: SampleState, msg: StrOut, tokenizer: Any) -> GenerateOutput | None:
+    """The output the detokenizer's `msg` makes for `state`'s sample (marked finished at
+    its end): a stream's delta; for a non-streaming sample, None until its end, then its
+    one output. `tokenizer` names the logprobs' tokens (None: without their text)."""
+    tok = msg.token_out
+    out = GenerateOutput(
+        index=state.index,
+        rid=state.rid,
+        text=msg.text_delta,
+        token_ids=tok.new_token_ids,
+        prompt_tokens=tok.prompt_tokens,
+        completion_tokens=tok.completion_tokens,
+        cached_tokens=tok.cached_tokens,
+        forward_steps=tok.forward_steps,
+        jump_forward_tokens=tok.jump_forward_tokens,
+        spec=tok.spec,
+        finish_reason=tok.finished_reason,
+        created=state.created,
+        first_token_time=state.first_token_time,
+        e2e_latency=time.monotonic() - state.created,
+        hidden_states=tok.hidden_states,
+    )
+    if state.return_logprob:
+        add_logprobs(out, tok, state, tokenizer)
+    state.finished = out.finished
+    if not state.stream:
+        _accumulate(state, out)
+        if not out.finished:
+            return None
+        out = _joined(state, out)
+    return out
 
 
 async def next_output(state: SampleState) -> GenerateOutput | Exception:
@@ -89,7 +125,7 @@ async def merge_outputs(states: list[SampleState]) -> AsyncIterator[GenerateOutp
             t.cancel()
 
 
-def accumulate(state: SampleState, out: GenerateOutput) -> None:
+def _accumulate(state: SampleState, out: GenerateOutput) -> None:
     """Keep a non-streaming sample's delta for its final output (O(delta))."""
     state.text_parts.append(out.text)
     state.token_ids.extend(out.token_ids)
@@ -102,7 +138,7 @@ def accumulate(state: SampleState, out: GenerateOutput) -> None:
         state.input_top_logprobs = out.input_top_logprobs
 
 
-def joined(state: SampleState, last: GenerateOutput) -> GenerateOutput:
+def _joined(state: SampleState, last: GenerateOutput) -> GenerateOutput:
     """A non-streaming sample's one output: everything it produced, with the last counts."""
     last.text = "".join(state.text_parts)
     last.token_ids = state.token_ids

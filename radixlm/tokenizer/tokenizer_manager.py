@@ -59,11 +59,10 @@ from radixlm.sampling.sampling_params import SamplingParams, sample_seed
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
 from radixlm.tokenizer.generate_output import GenerateOutput
-from radixlm.tokenizer.logprob_items import add_logprobs
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput, check_dimensions, tokenize_pooling
 from radixlm.tokenizer.pooling_output import EmbeddingResult, embedding_result
 from radixlm.tokenizer.request_input import GenerateReqInput, SingleReq
-from radixlm.tokenizer.sample_state import SampleState, accumulate, joined, merge_outputs
+from radixlm.tokenizer.sample_state import SampleState, merge_outputs, output_of
 from radixlm.tokenizer.validation import (
     check_rids,
     check_token_only,
@@ -407,31 +406,9 @@ class TokenizerManager:
             elif self.on_tokens is not None and state.last_token_time is not None:
                 self.on_tokens(now - state.last_token_time, len(tok.new_token_ids))
             state.last_token_time = now
-        out = GenerateOutput(
-            index=state.index,
-            rid=state.rid,
-            text=msg.text_delta,
-            token_ids=tok.new_token_ids,
-            prompt_tokens=tok.prompt_tokens,
-            completion_tokens=tok.completion_tokens,
-            cached_tokens=tok.cached_tokens,
-            forward_steps=tok.forward_steps,
-            jump_forward_tokens=tok.jump_forward_tokens,
-            spec=tok.spec,
-            finish_reason=tok.finished_reason,
-            created=state.created,
-            first_token_time=state.first_token_time,
-            e2e_latency=time.monotonic() - state.created,
-            hidden_states=tok.hidden_states,
-        )
-        if state.return_logprob:
-            add_logprobs(out, tok, state, self.tokenizer)
-        state.finished = out.finished
-        if not state.stream:
-            accumulate(state, out)
-            if not out.finished:
-                return
-            out = joined(state, out)
+        out = output_of(state, msg, self.tokenizer)
+        if out is None:
+            return  # a non-streaming sample answers once, at its end
         if out.finished and self.on_sample_finished is not None:
             self.on_sample_finished(out)
         state.queue.put_nowait(out)
