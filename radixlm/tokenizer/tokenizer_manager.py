@@ -16,8 +16,8 @@ Pooling models (embeddings, classifiers) answer `encode()` instead of
 from the scheduler as an `EmbeddingOut`.
 
 A weight update waits until no generate or encode call is in flight, and new
-calls wait until it is done (SGLang's reader/writer discipline), so every
-request runs on one set of weights.
+calls wait until it is done (SGLang's reader/writer discipline, weights_lock.py),
+so every request runs on one set of weights.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ from radixlm.tokenizer.validation import (
     prompt_too_long,
     validate_request,
 )
+from radixlm.tokenizer.weights_lock import WeightsLock
 from radixlm.utils import PortArgs
 
 logger = logging.getLogger(__name__)
@@ -130,12 +131,7 @@ class TokenizerManager:
         self._is_alive: Callable[[], str | None] | None = None
         self.model_path: str = server_args.model_path or model_dir  # changes with weights
         # Weight updates: calls in flight hold the weights; an update waits for none.
-        self._num_holding_weights = 0
-        self._weights_free = asyncio.Event()
-        self._weights_free.set()
-        self._no_update = asyncio.Event()
-        self._no_update.set()
-        self._update_lock = asyncio.Lock()
+        self.weights_lock = WeightsLock()
 
     def start(self, is_alive: Callable[[], str | None]) -> None:
         """Start the receive loop and the child watchdog (`is_alive` returns a death reason)."""
@@ -170,7 +166,7 @@ class TokenizerManager:
         prepared = [await self._prepare(s) for s in singles]  # validate all before sending
         check_rids(singles, [params.n for _, params, _ in prepared], self.states)
         states: list[SampleState] = []
-        async with self._holding_weights():
+        async with self.weights_lock.holding():
             try:
                 for single, (input_ids, params, mm_inputs) in zip(singles, prepared):
                     self._send(single, input_ids, params, mm_inputs, states)
@@ -187,18 +183,6 @@ class TokenizerManager:
                                    "reading the response")
         for s in states:
             self.states.pop(s.rid, None)
-
-    @contextlib.asynccontextmanager
-    async def _holding_weights(self) -> AsyncIterator[None]:
-        await self._no_update.wait()
-        self._num_holding_weights += 1
-        self._weights_free.clear()
-        try:
-            yield
-        finally:
-            self._num_holding_weights -= 1
-            if self._num_holding_weights == 0:
-                self._weights_free.set()
 
     # ------------------------------------------------------------------ encode
 
@@ -219,7 +203,7 @@ class TokenizerManager:
         params = SamplingParams.from_dict({"max_new_tokens": 0})
         background = _BACKGROUND.get()
         states: list[SampleState] = []
-        async with self._holding_weights():
+        async with self.weights_lock.holding():
             try:
                 for i, (single, (ids, types)) in enumerate(zip(singles, prepared)):
                     if single.rid in self.states:
@@ -335,20 +319,16 @@ class TokenizerManager:
                                        ) -> UpdateWeightsFromDiskOut:
         """Swap weights once no call is in flight (new ones wait meanwhile); with
         `abort_all_requests`, the running requests are aborted instead of awaited."""
-        async with self._update_lock:
-            self._no_update.clear()
-            try:
-                if abort_all_requests:
-                    self.abort_request(abort_all=True, message="Aborted for a weight update")
-                await self._weights_free.wait()
-                reply: UpdateWeightsFromDiskOut = await self._control(
-                    UpdateWeightsFromDiskReq(model_path, load_format), UpdateWeightsFromDiskOut,
-                    timeout=3600.0)
-                if reply.success:
-                    self.model_path = model_path
-                return reply
-            finally:
-                self._no_update.set()
+        async with self.weights_lock.updating():
+            if abort_all_requests:
+                self.abort_request(abort_all=True, message="Aborted for a weight update")
+            await self.weights_lock.wait_free()
+            reply: UpdateWeightsFromDiskOut = await self._control(
+                UpdateWeightsFromDiskReq(model_path, load_format), UpdateWeightsFromDiskOut,
+                timeout=3600.0)
+            if reply.success:
+                self.model_path = model_path
+            return reply
 
     async def profile(self, req: ProfileReq) -> ProfileOut:
         reply: ProfileOut = await self._control(req, ProfileOut)
