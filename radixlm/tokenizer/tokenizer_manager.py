@@ -62,13 +62,9 @@ from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput, check_dimensions, tokenize_pooling
 from radixlm.tokenizer.pooling_output import EmbeddingResult, embedding_result
 from radixlm.tokenizer.request_input import GenerateReqInput, SingleReq
+from radixlm.tokenizer.request_prep import RequestPreparer
 from radixlm.tokenizer.sample_state import SampleState, merge_outputs, output_of
-from radixlm.tokenizer.validation import (
-    check_rids,
-    check_token_only,
-    prompt_too_long,
-    validate_request,
-)
+from radixlm.tokenizer.validation import check_rids
 from radixlm.tokenizer.weights_lock import WeightsLock
 from radixlm.utils import PortArgs
 
@@ -112,6 +108,8 @@ class TokenizerManager:
         self.mm_processor = (
             TextOnlyProcessor(server_args.model_name) if self.tokenizer is None
             else create_mm_processor(server_args, model_dir, self.tokenizer))
+        self.preparer = RequestPreparer(server_args, self.tokenizer, self.tokenizer_workers,
+                                        self.mm_processor)
         self.ctx = zmq.asyncio.Context(1)
         self.ctx.setsockopt(zmq.LINGER, 0)  # closing never waits on a dead child
         self.to_scheduler = self.ctx.socket(zmq.PUSH)
@@ -163,7 +161,8 @@ class TokenizerManager:
         # NOTE: normalizing and validating walk every token id in Python: in a worker, so
         # a request of millions of ids leaves the event loop free (the GIL switches).
         singles = await self.tokenizer_workers.run(obj.normalize)
-        prepared = [await self._prepare(s) for s in singles]  # validate all before sending
+        # Validate all before sending any.
+        prepared = [await self.preparer.prepare(s, self.model_info) for s in singles]
         check_rids(singles, [params.n for _, params, _ in prepared], self.states)
         states: list[SampleState] = []
         async with self.weights_lock.holding():
@@ -217,51 +216,6 @@ class TokenizerManager:
                 return [await embedding_result(s) for s in states]
             finally:
                 self._forget(states)
-
-    async def _prepare(self, single: SingleReq
-                       ) -> tuple[list[int], SamplingParams, MultimodalInputs | None]:
-        if single.return_hidden_states and not self.args.enable_return_hidden_states:
-            raise ValueError("return_hidden_states needs a server started with "
-                             "--enable-return-hidden-states")
-        self._check_priority(single.priority)
-        vocab_size = self.model_info.get("vocab_size") or len(self.tokenizer)
-        context_len = self.model_info.get("context_length", 1 << 30)
-        if self.tokenizer is None:
-            check_token_only(single)
-        if single.input_ids is not None:
-            input_ids = single.input_ids
-            if len(input_ids) >= context_len:  # media only add tokens: refuse it now
-                raise ValueError(prompt_too_long(len(input_ids), context_len))
-        else:
-            assert single.text is not None
-            input_ids = await self.tokenizer_workers.encode(single.text, max_tokens=context_len)
-        input_ids, mm_inputs = await self.mm_processor.process(
-            input_ids, single.image_data or [], single.video_data or [], vocab_size, context_len)
-        params = await self.tokenizer_workers.run(
-            validate_request, single, input_ids, vocab_size, context_len,
-            self.args.grammar_backend, mm_inputs)
-        if self.args.reasoning_parser and params.grammar and params.reasoning_phase is None:
-            params.reasoning_phase = await self.tokenizer_workers.run(
-                self._reasoning_phase, input_ids)
-        return input_ids, params, mm_inputs
-
-    def _reasoning_phase(self, input_ids: list[int]) -> str | None:
-        """Where a grammar starts for this prompt (radixlm.reasoning.gate): after the think
-        block the output starts in, or may open."""
-        from radixlm.reasoning.gate import grammar_phase, reasoning_for_prompt
-
-        assert self.args.reasoning_parser is not None
-        tail = str(self.tokenizer.decode(input_ids[-16:], skip_special_tokens=False))
-        return grammar_phase(reasoning_for_prompt(self.args.reasoning_parser, tail), tail)
-
-    def _check_priority(self, priority: int | None) -> None:
-        if priority is None:
-            return
-        if not -(1 << 63) <= priority < 1 << 63:
-            raise ValueError("'priority' must be a 64-bit signed integer")
-        if not self.args.priority_scheduling and self.args.abort_on_priority_when_disabled:
-            raise ValueError("'priority' is set but priority scheduling is disabled on this "
-                             "server (start it with --enable-priority-scheduling)")
 
     def _priority(self, priority: int | None) -> int:
         """The scheduler's priority of a request: as given (or the server's default) with

@@ -7,11 +7,15 @@ HTTP layer turns it into a 400, the Engine raises it to the caller.
 from __future__ import annotations
 
 from collections.abc import Container
+from typing import TYPE_CHECKING
 
 from radixlm.io_struct import sample_rid
 from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampling_params import GRAMMAR_PARAMS, SamplingParams
 from radixlm.tokenizer.request_input import SingleReq
+
+if TYPE_CHECKING:
+    from radixlm.server_args import ServerArgs
 
 MAX_TOP_LOGPROBS = 100
 
@@ -98,6 +102,18 @@ def check_token_only(single: SingleReq) -> None:
             raise ValueError(f"'{name}' (a grammar){why}")
     if single.image_data or single.video_data:
         raise ValueError("Images and videos" + why)
+
+
+def check_priority(priority: int | None, args: ServerArgs) -> None:
+    """Refuse a priority outside 64 bits, or any priority when the server does not
+    schedule by priority and was told to refuse it (--abort-on-priority-when-disabled)."""
+    if priority is None:
+        return
+    if not -(1 << 63) <= priority < 1 << 63:
+        raise ValueError("'priority' must be a 64-bit signed integer")
+    if not args.priority_scheduling and args.abort_on_priority_when_disabled:
+        raise ValueError("'priority' is set but priority scheduling is disabled on this "
+                         "server (start it with --enable-priority-scheduling)")
 
 
 def _first_out_of_vocab(input_ids: list[int], vocab_size: int,

@@ -9,6 +9,7 @@ import pytest
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.request_input import GenerateReqInput
 from radixlm.tokenizer.tokenizer_manager import TokenizerManager
+from radixlm.tokenizer.validation import check_priority
 
 
 def manager(**kwargs: object) -> TokenizerManager:
@@ -19,17 +20,17 @@ def manager(**kwargs: object) -> TokenizerManager:
 
 def test_priority_with_and_without_scheduling() -> None:
     off = manager()
-    off._check_priority(5)
+    check_priority(5, off.args)
     assert off._priority(5) == 0 and off._priority(None) == 0
     on = manager(enable_priority_scheduling=True, default_priority_value=3)
     assert on._priority(-7) == -7 and on._priority(None) == 3
     assert manager(schedule_policy="priority")._priority(9) == 9
     strict = manager(abort_on_priority_when_disabled=True)
-    strict._check_priority(None)
+    check_priority(None, strict.args)
     with pytest.raises(ValueError, match="--enable-priority-scheduling"):
-        strict._check_priority(1)
+        check_priority(1, strict.args)
     with pytest.raises(ValueError, match="64-bit"):
-        on._check_priority(1 << 70)
+        check_priority(1 << 70, on.args)
 
 
 def test_priority_per_prompt_in_a_batch() -> None:
