@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -58,6 +58,7 @@ from radixlm.multimodal.processor import TextOnlyProcessor, create_mm_processor
 from radixlm.sampling.sampling_params import SamplingParams, sample_seed
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
+from radixlm.tokenizer.control_channel import ControlChannel, ReplyT
 from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput, check_dimensions, tokenize_pooling
 from radixlm.tokenizer.pooling_output import EmbeddingResult, embedding_result
@@ -69,8 +70,6 @@ from radixlm.tokenizer.weights_lock import WeightsLock
 from radixlm.utils import PortArgs
 
 logger = logging.getLogger(__name__)
-
-ReplyT = TypeVar("ReplyT")
 
 
 class EngineDeadError(RuntimeError):
@@ -120,7 +119,7 @@ class TokenizerManager:
         self.model_info: dict[str, Any] = {}
         self.ready = asyncio.Event()
         self.dead_reason: str | None = None
-        self.control_waiters: dict[type, list[asyncio.Future[Any]]] = {}
+        self.control = ControlChannel(self.to_scheduler)
         self.last_receive_time = time.monotonic()
         self.on_sample_finished: Callable[[GenerateOutput], None] | None = None
         # (seconds since the sample's previous tokens, number of new tokens): metrics
@@ -292,12 +291,7 @@ class TokenizerManager:
                        timeout: float = 60.0) -> ReplyT:
         """Send a control message and wait for the scheduler's reply of `reply_type`."""
         self._check_alive()
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.control_waiters.setdefault(reply_type, []).append(future)
-        self.to_scheduler.send_pyobj(msg)
-        reply = await asyncio.wait_for(future, timeout)
-        assert isinstance(reply, reply_type)
-        return reply
+        return await self.control.call(msg, reply_type, timeout)
 
     # ------------------------------------------------------------------ receive
 
@@ -323,10 +317,8 @@ class TokenizerManager:
                 dead = self._is_alive() if self._is_alive is not None else None
                 failed = f"The {msg.who} process failed: {msg.message}"
                 self._die(f"{dead}; then: {failed}" if dead else failed)
-            elif type(msg) in self.control_waiters and self.control_waiters[type(msg)]:
-                future = self.control_waiters[type(msg)].pop(0)
-                if not future.done():
-                    future.set_result(msg)
+            else:
+                self.control.answer(msg)
 
     def _on_str_out(self, msg: StrOut) -> None:
         state = self.states.get(msg.rid)
@@ -373,10 +365,7 @@ class TokenizerManager:
         error = EngineDeadError(reason)
         for state in self.states.values():
             state.queue.put_nowait(error)
-        for waiters in self.control_waiters.values():
-            for future in waiters:
-                if not future.done():
-                    future.set_exception(error)
+        self.control.fail_all(error)
 
     def _check_alive(self) -> None:
         if self.dead_reason is not None:
