@@ -11,8 +11,9 @@ by the tokens its grammar forced.
 Memory: rows `[0, cached_len)` of its req_to_token row belong to the prefix
 cache (locked through `last_node`); rows `[cached_len, kv_len)` are the
 request's own slots. The KVManager is the only writer of those fields.
-After a forward pass, `Scheduler._process` is the only place that changes a
-request (through the methods below and the KVManager).
+After a forward pass, `Scheduler._process` (with the TokenAcceptor it calls)
+is the only place that changes a request (through the methods below and the
+KVManager).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ occurrence of its last n tokens in its own prompt and output (`NgramIndex`,
 updated incrementally). The step then computes its 1 + K tokens and samples
 every row; the scheduler keeps the longest prefix of the draft the model
 agrees with plus the model's own next token, and truncates the KV of the rest
-(`Scheduler._accept`).
+(`TokenAcceptor.accept`, scheduler/acceptance.py).
 
 Exactness. Only greedy requests draft: a greedy row's argmax depends on the
 tokens before it alone, so verified output is token for token what decoding
