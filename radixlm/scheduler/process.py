@@ -42,6 +42,7 @@ from radixlm.io_struct import (
     TokenOut,
     UpdateWeightsFromDiskReq,
 )
+from radixlm.scheduler import control
 from radixlm.server_args import ServerArgs
 from radixlm.utils import PortArgs, configure_logging, parent_alive
 
@@ -96,7 +97,7 @@ def run_scheduler_process(server_args: ServerArgs, model_dir: str, ports: PortAr
             # ranks to stop: a rank on another node then exits 0, not "lost rank 0".
             signal.signal(signal.SIGTERM, lambda *_: _STOP.set())
         scheduler = _build_scheduler(server_args, model_dir, tp)
-        to_tokenizer.send_pyobj(SchedulerReady(scheduler.runner_info()))
+        to_tokenizer.send_pyobj(SchedulerReady(control.runner_info(scheduler)))
         if scheduler.grammars is not None:
             scheduler.grammars.start()
         _loop(scheduler, recv, to_detok, to_tokenizer)
@@ -178,13 +179,13 @@ def _handle(scheduler: Scheduler, msg: Any, to_tokenizer: _Sender,
     elif isinstance(msg, AbortReq):
         scheduler.abort(msg)
     elif isinstance(msg, FlushCacheReq):
-        to_tokenizer.send_pyobj(scheduler.flush_cache())
+        to_tokenizer.send_pyobj(control.flush_cache(scheduler))
     elif isinstance(msg, UpdateWeightsFromDiskReq):
-        to_tokenizer.send_pyobj(scheduler.update_weights_from_disk(msg))
+        to_tokenizer.send_pyobj(control.update_weights_from_disk(scheduler, msg))
     elif isinstance(msg, ProfileReq):
         to_tokenizer.send_pyobj(scheduler.profiler.handle(msg))
     elif isinstance(msg, GetServerInfoReq):
-        info = scheduler.server_info()
+        info = control.server_info(scheduler)
         try:
             scheduler.check_integrity()
             info.info["kv_integrity"] = "ok"

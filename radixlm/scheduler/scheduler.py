@@ -4,25 +4,22 @@ It owns the requests, the memory pools and the prefix cache (through
 `KVManager`), and the model runner. `schedule()` explains the step
 algorithm; `_process()` is the one place that changes requests after a
 forward pass, with the sampled tokens accepted in `acceptance.py`; finish
-checks and output messages live in `output_processor.py`; the process entry
-point and the ZMQ loop in `process.py`.
+checks and output messages live in `output_processor.py`; the answers to
+control messages (server info, cache flush, weight updates) in `control.py`;
+the process entry point and the ZMQ loop in `process.py`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from radixlm.io_struct import (
     AbortReq,
     FinishReason,
-    FlushCacheOut,
-    ServerInfoOut,
     TokenizedGenerateReq,
     TokenOut,
-    UpdateWeightsFromDiskOut,
-    UpdateWeightsFromDiskReq,
     is_sample_of,
 )
 from radixlm.model_executor.forward_step import StepResult
@@ -35,7 +32,6 @@ from radixlm.scheduler.jump_forward import JumpForward
 from radixlm.scheduler.kv_manager import KVManager
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.policy import NewTokenRatio, PriorityOrder, order_waiting
-from radixlm.scheduler.pooling import pooling_info
 from radixlm.scheduler.preemption import RoomNeeded, preemption_victims
 from radixlm.scheduler.profiler import Profiler
 from radixlm.scheduler.request import Req
@@ -154,60 +150,6 @@ class Scheduler:
                 logger.info("Abort running request. rid=%r, reason: %s", req.rid, msg.message)
                 req.finished_reason = FinishReason("abort", message=msg.message)
         self._release_finished()
-
-    def update_weights_from_disk(self, msg: UpdateWeightsFromDiskReq) -> UpdateWeightsFromDiskOut:
-        """Swap the model's weights between steps; the prefix cache is flushed after.
-
-        The TokenizerManager sends this only once no request is in flight (new ones
-        wait), as SGLang does, so no request mixes two sets of weights.
-        """
-        if self.has_work:
-            return UpdateWeightsFromDiskOut(False, "Cannot update weights while requests run")
-        ok, message = self.runner.update_weights_from_disk(msg.model_path, msg.load_format)
-        if ok:
-            self.kv.cache.reset()
-        return UpdateWeightsFromDiskOut(ok, message)
-
-    def flush_cache(self) -> FlushCacheOut:
-        if self.waiting or self.running or self.num_compiling:
-            return FlushCacheOut(False, "Cannot flush the cache while requests are running")
-        self.kv.cache.reset()
-        return FlushCacheOut(True)
-
-    def server_info(self) -> ServerInfoOut:
-        info: dict[str, Any] = dict(self.kv.stats())
-        info.update(
-            num_running_reqs=len(self.running),
-            num_waiting_reqs=len(self.waiting),
-            num_compiling_reqs=self.num_compiling,
-            num_retractions=self.num_retractions,
-            num_preemptions=self.num_preemptions,
-            gen_throughput=round(self.batch_log.gen_throughput, 3),
-            num_steps=self.num_steps,
-            new_token_ratio=round(self.new_token_ratio.value, 4),
-            context_length=self.runner.context_len,
-            grammar_mask_seconds_total=round(
-                self.grammar_fill_seconds + self.runner.grammar_mask_seconds, 6),
-            num_grammar_mask_steps=self.runner.num_grammar_mask_steps,
-        )
-        info.update(self.output.stats())
-        if self.runner.thread_governor is not None:
-            info.update(self.runner.thread_governor.stats())
-        if self.drafter is not None:
-            info.update(self.drafter.stats())
-        return ServerInfoOut(info)
-
-    def runner_info(self) -> dict[str, Any]:
-        runner = self.runner
-        return {
-            "architectures": list(getattr(runner.config, "architectures", None) or []),
-            "context_length": runner.context_len,
-            "vocab_size": runner.vocab_size,
-            "max_total_num_tokens": self.kv.kv_pool.size,
-            "eos_token_ids": sorted(runner.eos_token_ids),
-            "is_generation": runner.is_generation,
-            **pooling_info(runner.model),
-        }
 
     @property
     def num_compiling(self) -> int:
