@@ -32,7 +32,7 @@ from radixlm.scheduler.jump_forward import JumpForward
 from radixlm.scheduler.kv_manager import KVManager
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.policy import NewTokenRatio, PriorityOrder, order_waiting
-from radixlm.scheduler.preemption import RoomNeeded, preemption_victims
+from radixlm.scheduler.preemption import Retractor
 from radixlm.scheduler.profiler import Profiler
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.step_plan import ScheduledReq, StepPlan
@@ -86,11 +86,11 @@ class Scheduler:
             preempts=not server_args.disable_priority_preemption)
         self.batch_log = BatchLog(server_args.decode_log_interval)
         self.groups = SampleGroups(shares_prefixes=self.kv.shares_prefixes)
+        self.retractor = Retractor(server_args, self.kv, self.priority, self.new_token_ratio,
+                                   self.groups)
         self.released_rids: list[str] = []  # finished since the last step (the runner forgets)
         self.num_arrivals = 0
         self.num_admissions = 0
-        self.num_retractions = 0
-        self.num_preemptions = 0  # retractions for a more urgent request
         self.num_steps = 0
         self.grammar_fill_seconds = 0.0  # filling grammar masks (the runner applies them)
         self.profiler = Profiler(server_args.profile_output_dir, server_args.device)
@@ -152,6 +152,16 @@ class Scheduler:
         self._release_finished()
 
     @property
+    def num_retractions(self) -> int:
+        """Requests sent back to the waiting queue (memory or priority preemption)."""
+        return self.retractor.num_retractions
+
+    @property
+    def num_preemptions(self) -> int:
+        """Retractions for a more urgent request."""
+        return self.retractor.num_preemptions
+
+    @property
     def num_compiling(self) -> int:
         """Constrained requests waiting for their grammar."""
         return len(self.grammars.queue) if self.grammars is not None else 0
@@ -199,9 +209,10 @@ class Scheduler:
         3. waiting requests are admitted in policy order while there is a
            request slot, budget, and KV beyond what running requests reserve.
         """
-        self._retract_until_decodes_fit()
+        if self.retractor.retract_until_decodes_fit(self.running, self.waiting):
+            self._release_finished()  # the one request left could not fit: aborted
         if self.priority.preempts and self.waiting and self.running:
-            self._preempt_for_urgent()
+            self.retractor.preempt_for_urgent(self.running, self.waiting)
         budget = StepBudget(self.args.max_prefill_tokens, self.kv.num_available_slots(),
                             self.args.chunked_prefill_size)
         items: list[ScheduledReq] = []
@@ -223,7 +234,8 @@ class Scheduler:
         if not items:
             if self.running:
                 # Every running request is mid-prefill and none fits: free memory.
-                self._retract(self._retraction_victim())
+                self.retractor.retract(self.retractor.victim(self.running), self.running,
+                                       self.waiting)
             return None
         self._log_batch(items, num_running)
         allocated = self.kv.alloc_slots(sum(it.extend_len for it in items))
@@ -327,60 +339,6 @@ class Scheduler:
         self._release_finished()
         self.num_steps += 1
         self.new_token_ratio.step()
-
-    # ------------------------------------------------------------------ memory pressure
-
-    def _retraction_victim(self) -> Req:
-        """Batch API traffic first, then the least urgent running request (all are equal
-        without priority scheduling), the newest among equals."""
-        return self.priority.retraction_order(self.running)[0]
-
-    def _preempt_for_urgent(self) -> None:
-        """Retract running requests so the most urgent waiting one fits (preemption.py)."""
-        urgent = min(self.waiting, key=lambda r: (self.priority.rank(r), r.arrival_seq))
-        candidates = [r for r in self.priority.retraction_order(self.running)
-                      if self.priority.may_preempt(urgent, r)]
-        if not candidates or not self.groups.allows(urgent):
-            return
-        match = self.kv.match(urgent)
-        room = RoomNeeded(
-            num_tokens=min(urgent.num_tokens - len(match.kv_indices),
-                           self.args.chunked_prefill_size, self.args.max_prefill_tokens),
-            num_available=self.kv.num_available_slots() - match.lock_cost,
-            has_free_row=self.kv.has_free_row(), max_running=self.args.max_running_requests)
-        for victim in preemption_victims(urgent, self.running, candidates, room,
-                                         self.new_token_ratio.reserve):
-            self._retract(victim, f"preempted by {urgent.rid!r} (priority {urgent.priority} "
-                          f"over {victim.priority})")
-            self.num_preemptions += 1
-
-    def _retract_until_decodes_fit(self) -> None:
-        """Retract requests (the least urgent, then the newest) until every decode's next
-        token has a slot."""
-        while self.running:
-            num_decodes = sum(1 for r in self.running if r.num_pending_tokens == 1)
-            if self.kv.num_available_slots() >= num_decodes:
-                return
-            if len(self.running) == 1:
-                req = self.running[0]
-                req.finished_reason = FinishReason(
-                    "abort", message="Out of KV cache memory for this request")
-                self._release_finished()
-                return
-            self._retract(self._retraction_victim())
-
-    def _retract(self, victim: Req, reason: str | None = None) -> None:
-        """Send a running request back to the waiting queue (reason: why, when it is not
-        a full KV pool; only a full pool raises the reserve ratio)."""
-        self.running.remove(victim)
-        self.kv.release(victim)
-        victim.reset_for_retraction()
-        self.waiting.append(victim)
-        self.num_retractions += 1
-        if reason is None:
-            self.new_token_ratio.on_retract()
-        logger.info("Retracted %s (%s); %d running", victim.rid, reason or "KV full",
-                    len(self.running))
 
     def _log_batch(self, items: list[ScheduledReq], num_running: int) -> None:
         """The step's SGLang-style log lines (batch_log.py); `num_running`: before admission."""
