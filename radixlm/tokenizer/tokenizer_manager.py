@@ -9,7 +9,10 @@ processor refuses media). A request is validated whole before any of it is
 sent, and whatever it registered is released however it ends. A caller that
 stops listening (a client that disconnects, a cancelled task) aborts its
 request, which frees its KV. If a child process dies, every pending and
-future request fails with `EngineDeadError` instead of hanging.
+future request fails with `EngineDeadError` instead of hanging. Its parts
+live beside it: request_prep.py readies a request, sample_state.py keeps each
+sample in flight and makes its outputs, control_channel.py carries control
+requests.
 
 Pooling models (embeddings, classifiers) answer `encode()` instead of
 `generate()`: each input is a prefill-only request whose vector comes back
