@@ -1,11 +1,12 @@
-"""The small C++ extension of CPU kernels (radixlm/csrc/cpu_kernels.cpp), built once per machine.
+"""The small C++ extension of CPU kernels (radixlm/csrc/*.cpp), built once per machine.
 
     python -m radixlm.layers.cpu_kernels      # build now (scripts/setup.sh does)
 
 It holds what no maintained library offers in the shape radixlm needs: paged
 decode attention that reads K/V in place from the pool, the per-token
-quantize/dequantize glue around `torch._int_mm` for W8A8 linears, and fused
-silu-and-mul / add-and-RMSNorm passes for bfloat16 steps. It is
+quantize/dequantize glue around `torch._int_mm` for W8A8 linears, fused
+silu-and-mul / add-and-RMSNorm passes for bfloat16 steps, and (bf16_gemm.cpp) a
+bfloat16 linear layer in the CPU's bf16 dot products (AVX512_BF16). It is
 compiled with torch's `cpp_extension` for the CPU it runs on
 (`-march=native`), into `$RADIXLM_CACHE_DIR/kernels/<torch>-<cpu>` (default
 `~/.cache/radixlm`), so a machine with another CPU builds its own copy.
@@ -30,7 +31,10 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "csrc", "cpu_kernels.cpp")
+_SOURCES = [
+    os.path.join(os.path.dirname(os.path.dirname(__file__)), "csrc", name)
+    for name in ("cpu_kernels.cpp", "bf16_gemm.cpp")
+]
 _DISABLE_ENV = "RADIXLM_DISABLE_CPU_KERNELS"
 
 
@@ -45,11 +49,14 @@ def _cpu_tag() -> str:
             flags = next((line for line in f if line.startswith("flags")), "")
     except OSError:
         pass
-    try:
-        with open(_SOURCE, "rb") as f:
-            source = hashlib.sha1(f.read()).hexdigest()
-    except OSError:
-        source = ""
+    digest = hashlib.sha1()
+    for path in _SOURCES:
+        try:
+            with open(path, "rb") as f:
+                digest.update(f.read())
+        except OSError:
+            pass
+    source = digest.hexdigest()
     return hashlib.sha1(f"{torch.__version__}|{os.path.dirname(torch.__file__)}|{flags}|{source}".encode()).hexdigest()[:12]
 
 
@@ -94,7 +101,7 @@ def load_cpu_kernels() -> ModuleType | None:
         with _build_lock(folder):
             module = cpp_extension.load(
                 name="radixlm_cpu_kernels",
-                sources=[_SOURCE],
+                sources=_SOURCES,
                 extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 build_directory=folder,
                 verbose=False,

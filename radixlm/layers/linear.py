@@ -26,8 +26,11 @@ from radixlm.layers.cpu_gemm import (
     Int8Weight,
     can_pack,
     int8_linear,
+    pack_pairs,
     pack_weight,
     packed_linear,
+    pairs_capable,
+    pairs_linear,
     small_batch_capable,
     small_batch_linear,
 )
@@ -97,8 +100,9 @@ class _LinearBase(nn.Module):
                 output_size_per_partition, dtype=params_dtype, loader=self.weight_loader
             )
 
-        # After prepare_weights(): a oneDNN-packed weight (and maybe its plain copy for
-        # small batches), or an int8 one (see cpu_gemm.py).
+        # After prepare_weights(): a bf16-pairs weight, a oneDNN-packed one (and maybe
+        # its plain copy for small batches), or an int8 one (see cpu_gemm.py).
+        self._pairs: torch.Tensor | None = None
         self._packed: torch.Tensor | None = None
         self._plain: torch.Tensor | None = None
         self._int8: Int8Weight | None = None
@@ -108,17 +112,20 @@ class _LinearBase(nn.Module):
 
     def prepare_weights(self, quantization: str, keep_plain: bool = False) -> str:
         """After loading: quantize the weight ("w8a8_int8") or pack it for oneDNN (CPU
-        float32, or bfloat16 where the CPU has it); keep_plain: keep the plain weight too
+        float32, or bfloat16 where the CPU has it; bfloat16 for the pairs kernel where
+        the CPU has bf16 dot products); keep_plain: keep the plain weight too
         where the small-batch kernel can run it. Returns "int8", "packed" or "dense".
 
         NOTE: the dense weight is released, so weights cannot be reloaded afterwards.
         """
         if self._int8 is not None:
             return "int8"
-        if self._packed is not None:
+        if self._packed is not None or self._pairs is not None:
             return "packed"
         if quantization == "w8a8_int8":
             self._int8 = Int8Weight.quantize(self.weight)
+        elif pairs_capable(self.weight):
+            self._pairs = pack_pairs(self.weight)
         elif can_pack(self.weight):
             self._packed = pack_weight(self.weight)
             if keep_plain and small_batch_capable(self.weight):
@@ -131,6 +138,8 @@ class _LinearBase(nn.Module):
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self._int8 is not None:
             return int8_linear(x, self._int8, bias)  # [T, output_size_per_partition]
+        if self._pairs is not None and x.dim() == 2:
+            return pairs_linear(x, self._pairs, bias)  # [T, output_size_per_partition]
         if self._packed is not None and x.dim() == 2:
             out = small_batch_linear(x, self._plain, bias)  # 1-2 rows: stream the plain copy
             if out is not None:

@@ -22,8 +22,11 @@ from radixlm.layers.cpu_gemm import (
     Int8Weight,
     can_pack,
     int8_linear,
+    pack_pairs,
     pack_weight,
     packed_linear,
+    pairs_capable,
+    pairs_linear,
     small_batch_capable,
     small_batch_linear,
 )
@@ -83,7 +86,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(num_embeddings, embedding_dim, params_dtype, tp_rank, tp_size)
         self._weight_t: torch.Tensor | None = None  # [embedding_dim, per_partition], CPU only
         self._weight_t_key: tuple[int, int] | None = None
-        # After prepare_weights(): a oneDNN-packed or int8 copy of the weight.
+        # After prepare_weights(): a bf16-pairs, oneDNN-packed or int8 copy of the weight.
+        self._pairs: torch.Tensor | None = None
         self._packed: torch.Tensor | None = None
         self._small_batch = False  # compute_logits of 1-2 rows through the plain weight
         self._int8: Int8Weight | None = None
@@ -114,19 +118,25 @@ class ParallelLMHead(VocabParallelEmbedding):
         keep_plain, compute_logits of 1-2 rows streams it (cpu_gemm.small_batch_linear).
         """
         self._small_batch = keep_plain and small_batch_capable(self.weight)
-        if self._int8 is None and self._packed is None:
+        if self._int8 is None and self._packed is None and self._pairs is None:
             if quantization == "w8a8_int8":
                 self._int8 = Int8Weight.quantize(self.weight, self.int8_smoothing)
+            elif pairs_capable(self.weight):
+                self._pairs = pack_pairs(self.weight)
             elif can_pack(self.weight):
                 self._packed = pack_weight(self.weight)
             self._weight_t = None
-        return "int8" if self._int8 is not None else "packed" if self._packed is not None else "dense"
+        if self._int8 is not None:
+            return "int8"
+        return "packed" if self._packed is not None or self._pairs is not None else "dense"
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, embedding_dim] → float32 logits [M, num_embeddings] (with tp_size > 1:
         on rank 0; the other ranks get their own columns [M, per_partition])."""
         if self._int8 is not None:
             logits = int8_linear(hidden, self._int8, None)  # [M, per_partition]
+        elif self._pairs is not None:
+            logits = pairs_linear(hidden, self._pairs, None)  # [M, per_partition]
         elif self._packed is not None:
             small = small_batch_linear(hidden, self.weight if self._small_batch else None, None)
             # [M, per_partition]

@@ -142,7 +142,7 @@ class ModelRunner:
             smooth_for_int8(model, config, model_dir)
         if quantization != "none" or (self.device == "cpu" and not self.args.disable_cpu_prepack):
             num_int8, num_packed = prepare_model(model, quantization)
-            logger.info("Weights: %d int8, %d oneDNN-packed", num_int8, num_packed)
+            logger.info("Weights: %d int8, %d packed (oneDNN or bf16 pairs)", num_int8, num_packed)
         return model, config
 
     @property

@@ -217,8 +217,10 @@ def test_small_batch_linear_matches_torch(dtype: torch.dtype, num_rows: int) -> 
     assert small_batch_linear(torch.randn(3, 96).to(dtype), weight, None) is None  # 3 rows
 
 
-def test_linear_takes_the_small_batch_kernel_up_to_two_rows() -> None:
-    from radixlm.layers.cpu_gemm import can_pack
+def test_linear_takes_the_pairs_or_the_small_batch_kernel() -> None:
+    """bfloat16 layers: the pairs kernel for every batch where the CPU has bf16 dot
+    products; else the plain copy for 1-2 rows and oneDNN's packed weight beyond."""
+    from radixlm.layers.cpu_gemm import can_pack, pairs_capable
     from radixlm.layers.linear import ColumnParallelLinear
 
     layer = ColumnParallelLinear(64, 96, bias=True, params_dtype=torch.bfloat16)
@@ -229,9 +231,42 @@ def test_linear_takes_the_small_batch_kernel_up_to_two_rows() -> None:
         assert layer.bias is not None
         layer.bias.normal_()
     dense = layer.weight.detach().clone()
+    pairs = pairs_capable(layer.weight)
     assert layer.prepare_weights("none", keep_plain=True) == "packed"
-    assert layer._plain is not None and torch.equal(layer._plain, dense)
-    for rows in (1, 2, 3, 33):  # 3 and 33: the packed oneDNN path
+    if pairs:
+        assert layer._pairs is not None and layer._packed is None and layer._plain is None
+    else:
+        assert layer._plain is not None and torch.equal(layer._plain, dense)
+    for rows in (1, 2, 3, 33):  # without the pairs kernel, 3 and 33: oneDNN's packed path
         x = torch.randn(rows, 64).to(torch.bfloat16)
         reference = x.float() @ dense.float().t() + layer.bias.float()
         torch.testing.assert_close(layer(x).float(), reference, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("num_cols", [16, 32, 48, 80, 96])  # 1, 2, 3, 5, 6 groups of 16
+def test_bf16_pairs_linear_matches_torch(num_cols: int) -> None:
+    from radixlm.layers.cpu_gemm import pack_pairs, pairs_capable, pairs_linear
+
+    torch.manual_seed(0)
+    weight = (torch.randn(num_cols, 96) * 0.1).to(torch.bfloat16)
+    if not pairs_capable(weight):
+        pytest.skip("no AVX512_BF16 on this CPU")
+    packed = pack_pairs(weight)
+    bias = torch.randn(num_cols).to(torch.bfloat16)
+    x_all = torch.randn(100, 160).to(torch.bfloat16)[:, 32:128]  # strided rows
+    for rows in (1, 2, 3, 8, 9, 17, 33, 100):  # tiles of 8 rows and their remainders
+        x = x_all[:rows]
+        for b in (None, bias):
+            out = pairs_linear(x, packed, b)
+            assert out.shape == (rows, num_cols) and out.dtype == torch.bfloat16
+            reference = x.double() @ weight.double().t() + (0 if b is None else b.double())
+            torch.testing.assert_close(out.double(), reference, rtol=1e-2, atol=1e-2)
+    # Each row is computed the same way whatever the batch and the thread count.
+    full = pairs_linear(x_all, packed, bias)
+    assert torch.equal(pairs_linear(x_all[5:6], packed, bias), full[5:6])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(pairs_linear(x_all, packed, bias), full)
+    finally:
+        torch.set_num_threads(threads)
