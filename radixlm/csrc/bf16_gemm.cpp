@@ -32,14 +32,22 @@ constexpr int64_t kRowsMax = 8;   // rows per tile: 8 x 3 = 24 accumulators
 inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
 
 // out[m][c] = x[m] . w[c] (+ bias[c]) for kRows rows and kGroups groups of columns.
+// next (or null): the next tile's weight, fetched into L2 meanwhile, one line per k
+// pair and group, so that streaming it from memory overlaps this tile's products.
 template <int64_t kRows, int64_t kGroups>
 inline void tile(const c10::BFloat16* x, int64_t x_stride, const uint32_t* w, int64_t group_stride,
-                 int64_t pairs, const c10::BFloat16* bias, c10::BFloat16* out, int64_t out_stride) {
+                 int64_t pairs, const c10::BFloat16* bias, c10::BFloat16* out, int64_t out_stride,
+                 const uint32_t* next) {
   __m512 acc[kRows][kGroups];
   for (int64_t m = 0; m < kRows; ++m) {
     for (int64_t g = 0; g < kGroups; ++g) acc[m][g] = _mm512_setzero_ps();
   }
   for (int64_t p = 0; p < pairs; ++p) {
+    if (next != nullptr) {
+      for (int64_t g = 0; g < kTileGroups; ++g) {
+        __builtin_prefetch(next + g * group_stride + p * kGroup, 0, 2);
+      }
+    }
     __m512bh wv[kGroups];
     for (int64_t g = 0; g < kGroups; ++g) {
       wv[g] = as_bh(_mm512_loadu_si512(w + g * group_stride + p * kGroup));
@@ -67,11 +75,11 @@ inline void tile(const c10::BFloat16* x, int64_t x_stride, const uint32_t* w, in
 template <int64_t kGroups>
 inline void tile_rows(int64_t rows, const c10::BFloat16* x, int64_t x_stride, const uint32_t* w,
                       int64_t group_stride, int64_t pairs, const c10::BFloat16* bias,
-                      c10::BFloat16* out, int64_t out_stride) {
+                      c10::BFloat16* out, int64_t out_stride, const uint32_t* next) {
   switch (rows) {
 #define RADIXLM_TILE(R) \
   case R:               \
-    return tile<R, kGroups>(x, x_stride, w, group_stride, pairs, bias, out, out_stride);
+    return tile<R, kGroups>(x, x_stride, w, group_stride, pairs, bias, out, out_stride, next);
     RADIXLM_TILE(1)
     RADIXLM_TILE(2)
     RADIXLM_TILE(3)
@@ -129,16 +137,21 @@ at::Tensor bf16_pairs_linear(const at::Tensor& x, const at::Tensor& packed,
       const int64_t g0 = t * kTileGroups, ng = std::min(kTileGroups, groups - g0);
       const uint32_t* w = wp + g0 * group_stride;
       const c10::BFloat16* bt = b ? b + g0 * kGroup : nullptr;
+      // The next tile's groups that exist (a last partial tile: its first groups).
+      const uint32_t* next = t + 1 < end && g0 + 2 * kTileGroups <= groups
+                                 ? w + kTileGroups * group_stride
+                                 : nullptr;
       for (int64_t r0 = 0; r0 < m; r0 += kRowsMax) {
         const int64_t rows = std::min(kRowsMax, m - r0);
         const c10::BFloat16* xr = xp + r0 * x_stride;
         c10::BFloat16* o = op + r0 * n + g0 * kGroup;
+        const uint32_t* pf = r0 == 0 ? next : nullptr;
         if (ng == 3) {
-          tile_rows<3>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n);
+          tile_rows<3>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
         } else if (ng == 2) {
-          tile_rows<2>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n);
+          tile_rows<2>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
         } else {
-          tile_rows<1>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n);
+          tile_rows<1>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
         }
       }
     }
