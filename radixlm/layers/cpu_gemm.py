@@ -25,7 +25,7 @@ Two formats replace a dense weight once it is loaded (`prepare_model`):
   glue runs in the C++ extension when it is built (one call per linear),
   else as torch ops.
 
-A oneDNN-packed bfloat16/half weight also keeps its plain copy (`keeps_plain_copy`) where the
+A oneDNN-packed bfloat16/half weight also keeps its plain copy (`wants_plain_copy`) where the
 C++ kernels are built and all such weights take at most MAX_PLAIN_COPY_BYTES: a
 step of 1-2 rows (one or two streams decoding) then runs `small_batch_linear`,
 which streams the plain weight at ~90% of the memory bandwidth where oneDNN's
@@ -126,6 +126,13 @@ def small_batch_capable(weight: torch.Tensor) -> bool:
             and weight.shape[1] % SMALL_BATCH_K_STEP == 0 and load_cpu_kernels() is not None)
 
 
+def wants_plain_copy(weight: torch.Tensor) -> bool:
+    """Whether this weight is packed for oneDNN (the pairs kernel does not take it) and
+    `small_batch_linear` could run its plain copy: the weights prepare_model may keep
+    plain copies of."""
+    return can_pack(weight) and not pairs_capable(weight) and small_batch_capable(weight)
+
+
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor | None,
                        bias: torch.Tensor | None) -> torch.Tensor | None:
     """x [M, K] @ weight [N, K]^T + bias through the small-batch kernel, or None where it
@@ -198,7 +205,7 @@ def prepare_model(model: nn.Module, quantization: str = "none") -> tuple[int, in
     plain_bytes = sum(w.numel() * w.element_size() for m in modules
                       if isinstance(w := getattr(m, "weight", None), torch.Tensor)
                       and not getattr(m, "keeps_dense_weight", False)
-                      and can_pack(w) and not pairs_capable(w) and small_batch_capable(w))
+                      and wants_plain_copy(w))
     keep_plain = quantization == "none" and 0 < plain_bytes <= MAX_PLAIN_COPY_BYTES
     if keep_plain:
         logger.info("Small-batch kernel for 1-2 rows: plain copies of packed weights kept "

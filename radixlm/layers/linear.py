@@ -31,8 +31,8 @@ from radixlm.layers.cpu_gemm import (
     packed_linear,
     pairs_capable,
     pairs_linear,
-    small_batch_capable,
     small_batch_linear,
+    wants_plain_copy,
 )
 
 WeightLoader = Callable[..., None]
@@ -128,7 +128,7 @@ class _LinearBase(nn.Module):
             self._pairs = pack_pairs(self.weight)
         elif can_pack(self.weight):
             self._packed = pack_weight(self.weight)
-            if keep_plain and small_batch_capable(self.weight):
+            if keep_plain and wants_plain_copy(self.weight):
                 self._plain = self.weight.detach().contiguous()
         else:
             return "dense"

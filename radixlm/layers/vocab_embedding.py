@@ -27,8 +27,8 @@ from radixlm.layers.cpu_gemm import (
     packed_linear,
     pairs_capable,
     pairs_linear,
-    small_batch_capable,
     small_batch_linear,
+    wants_plain_copy,
 )
 from radixlm.layers.linear import default_weight_loader
 
@@ -117,7 +117,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         The dense weight stays: a tied embedding still looks rows up in it, and with
         keep_plain, compute_logits of 1-2 rows streams it (cpu_gemm.small_batch_linear).
         """
-        self._small_batch = keep_plain and small_batch_capable(self.weight)
+        self._small_batch = keep_plain and wants_plain_copy(self.weight)
         if self._int8 is None and self._packed is None and self._pairs is None:
             if quantization == "w8a8_int8":
                 self._int8 = Int8Weight.quantize(self.weight, self.int8_smoothing)
