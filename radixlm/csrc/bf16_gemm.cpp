@@ -8,11 +8,14 @@
 // products summed into each float lane). A tile of kRowsMax rows x 3 groups (48
 // columns) keeps its 24 accumulators in registers over all of K: per k pair, 3
 // weight loads, one broadcast of each row's x pair, 24 dot products. Threads
-// split the columns; the weight tile stays in L2 while every row tile uses it.
+// split the column tiles (claim_parallel.h); the weight tile stays in L2 while
+// every row tile uses it.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+
+#include "claim_parallel.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -132,27 +135,25 @@ at::Tensor bf16_pairs_linear(const at::Tensor& x, const at::Tensor& packed,
   auto* op = out.data_ptr<c10::BFloat16>();
   const int64_t x_stride = x.stride(0), group_stride = pairs * kGroup;
   const int64_t tiles = (groups + kTileGroups - 1) / kTileGroups;
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t g0 = t * kTileGroups, ng = std::min(kTileGroups, groups - g0);
-      const uint32_t* w = wp + g0 * group_stride;
-      const c10::BFloat16* bt = b ? b + g0 * kGroup : nullptr;
-      // The next tile's groups that exist (a last partial tile: its first groups).
-      const uint32_t* next = t + 1 < end && g0 + 2 * kTileGroups <= groups
-                                 ? w + kTileGroups * group_stride
-                                 : nullptr;
-      for (int64_t r0 = 0; r0 < m; r0 += kRowsMax) {
-        const int64_t rows = std::min(kRowsMax, m - r0);
-        const c10::BFloat16* xr = xp + r0 * x_stride;
-        c10::BFloat16* o = op + r0 * n + g0 * kGroup;
-        const uint32_t* pf = r0 == 0 ? next : nullptr;
-        if (ng == 3) {
-          tile_rows<3>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
-        } else if (ng == 2) {
-          tile_rows<2>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
-        } else {
-          tile_rows<1>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
-        }
+  radixlm::claim_parallel(tiles, [&](int64_t t, int64_t range_end) {
+    const int64_t g0 = t * kTileGroups, ng = std::min(kTileGroups, groups - g0);
+    const uint32_t* w = wp + g0 * group_stride;
+    const c10::BFloat16* bt = b ? b + g0 * kGroup : nullptr;
+    // The next tile's groups that exist (a last partial tile: its first groups).
+    const uint32_t* next = t + 1 < range_end && g0 + 2 * kTileGroups <= groups
+                               ? w + kTileGroups * group_stride
+                               : nullptr;
+    for (int64_t r0 = 0; r0 < m; r0 += kRowsMax) {
+      const int64_t rows = std::min(kRowsMax, m - r0);
+      const c10::BFloat16* xr = xp + r0 * x_stride;
+      c10::BFloat16* o = op + r0 * n + g0 * kGroup;
+      const uint32_t* pf = r0 == 0 ? next : nullptr;
+      if (ng == 3) {
+        tile_rows<3>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
+      } else if (ng == 2) {
+        tile_rows<2>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
+      } else {
+        tile_rows<1>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
       }
     }
   });

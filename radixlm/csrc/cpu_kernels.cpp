@@ -30,6 +30,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "claim_parallel.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -686,7 +688,7 @@ struct AttnTask {
 
 // Tasks of the batch, ordered so that contiguous halves cost about the same: a
 // request's blocks alternate from its first and last (causal cost grows with the
-// row), since at::parallel_for hands each thread one contiguous range.
+// row), since claim_parallel starts each thread on one contiguous range.
 inline bool has_block_kernel(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
 inline std::vector<AttnTask> attention_tasks(int64_t batch, int64_t num_kv_heads,
@@ -730,28 +732,27 @@ void paged_attention_impl(const at::Tensor& q, at::Tensor& out, const at::Tensor
   const auto* starts = q_starts.data_ptr<int64_t>();
   const auto* qlens = q_lens.data_ptr<int64_t>();
   const std::vector<AttnTask> tasks = attention_tasks(batch, num_kv_heads, head_dim, qlens);
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf, scores, acc;
-    BlockScratch scratch;
-    const auto attend = head_dim == 64    ? &attend_group_vec<64, qT, kvT>
-                        : head_dim == 128 ? &attend_group_vec<128, qT, kvT>
-                                          : &attend_group<qT, kvT>;
-    const auto attend_rows = head_dim == 64 ? &attend_block<64, qT, kvT>
-                                            : &attend_block<128, qT, kvT>;
-    for (int64_t t = begin; t < end; ++t) {
-      const AttnTask& task = tasks[t];
-      const int64_t b = task.b;
-      const qT* q_req = q_ptr + starts[b] * q_row_stride;
-      qT* out_req = out_ptr + starts[b] * num_heads * head_dim;
-      const int64_t* slots = table + rows[b] * table_stride;
-      if (task.nrows == 0) {
-        attend(q_req, q_row_stride, out_req, k_ptr, v_ptr, slots, lens[b], qlens[b], task.h,
-               num_heads, num_kv_heads, head_dim, static_cast<float>(scale), qf, scores, acc);
-      } else {
-        attend_rows(q_req, q_row_stride, out_req, k_ptr, v_ptr, slots, lens[b], qlens[b],
-                    task.row0, task.nrows, task.h, num_heads, num_kv_heads,
-                    static_cast<float>(scale), scratch);
-      }
+  const auto attend = head_dim == 64    ? &attend_group_vec<64, qT, kvT>
+                      : head_dim == 128 ? &attend_group_vec<128, qT, kvT>
+                                        : &attend_group<qT, kvT>;
+  const auto attend_rows = head_dim == 64 ? &attend_block<64, qT, kvT>
+                                          : &attend_block<128, qT, kvT>;
+  radixlm::claim_parallel(static_cast<int64_t>(tasks.size()), [&](int64_t t, int64_t) {
+    // Each thread's scratch, kept between tasks and calls (grown to the longest).
+    thread_local std::vector<float> qf, scores, acc;
+    thread_local BlockScratch scratch;
+    const AttnTask& task = tasks[t];
+    const int64_t b = task.b;
+    const qT* q_req = q_ptr + starts[b] * q_row_stride;
+    qT* out_req = out_ptr + starts[b] * num_heads * head_dim;
+    const int64_t* slots = table + rows[b] * table_stride;
+    if (task.nrows == 0) {
+      attend(q_req, q_row_stride, out_req, k_ptr, v_ptr, slots, lens[b], qlens[b], task.h,
+             num_heads, num_kv_heads, head_dim, static_cast<float>(scale), qf, scores, acc);
+    } else {
+      attend_rows(q_req, q_row_stride, out_req, k_ptr, v_ptr, slots, lens[b], qlens[b],
+                  task.row0, task.nrows, task.h, num_heads, num_kv_heads,
+                  static_cast<float>(scale), scratch);
     }
   });
 }

@@ -35,6 +35,7 @@ _SOURCES = [
     os.path.join(os.path.dirname(os.path.dirname(__file__)), "csrc", name)
     for name in ("cpu_kernels.cpp", "bf16_gemm.cpp")
 ]
+_HEADERS = [os.path.join(os.path.dirname(_SOURCES[0]), "claim_parallel.h")]
 _DISABLE_ENV = "RADIXLM_DISABLE_CPU_KERNELS"
 
 
@@ -50,7 +51,7 @@ def _cpu_tag() -> str:
     except OSError:
         pass
     digest = hashlib.sha1()
-    for path in _SOURCES:
+    for path in _SOURCES + _HEADERS:
         try:
             with open(path, "rb") as f:
                 digest.update(f.read())
