@@ -33,6 +33,7 @@ from radixlm.layers.linear import (
 )
 from radixlm.layers.rotary import RotaryEmbedding, apply_rotary
 from radixlm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from radixlm.models.layer_stack import stack_for
 from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.models.base import CausalLM
 
@@ -164,6 +165,7 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.rotary_emb = RotaryEmbedding(config, _head_dim(config))
+        self.use_layer_stack = True  # False: always the Python loop (tests compare the two)
 
     def forward(
         self,
@@ -177,8 +179,13 @@ class LlamaModel(nn.Module):
         hidden = input_embeds  # [T, hidden]
         cos, sin = self.rotary_emb(positions, hidden.dtype)  # each [T, 1, D / 2]
         residual: torch.Tensor | None = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos, sin, forward_batch)
+        stack = stack_for(self) if hidden.device.type == "cpu" and self.use_layer_stack else None
+        out = stack.run(hidden, cos, sin, forward_batch) if stack is not None else None
+        if out is not None:  # every layer in one C++ call (models/layer_stack.py)
+            hidden, residual = out
+        else:
+            for layer in self.layers:
+                hidden, residual = layer(hidden, residual, cos, sin, forward_batch)
         if residual is None:
             return self.norm(hidden)
         return self.norm.add_and_norm(hidden, residual)[0]  # [T, hidden]
