@@ -1,13 +1,16 @@
-// The decoder layers of a Llama-family model in one call, for bf16 steps on CPUs
-// with AVX512_BF16 (every linear layer through bf16_pairs_linear, attention
-// through paged_attention).
+// The decoder layers of a Llama-family model in one call, for CPU steps whose
+// linear layers are all packed (bf16 pairs or oneDNN) and whose attention is all
+// in paged_attention.
 //
 // The Python loop over layers spends ~150 us a layer outside the kernels (module
 // calls, argument checks, ~15 operator calls from Python): with 30 layers ~5 ms
-// of a 20 ms one-request decode step. Here the same kernels run in the same
-// order on the same arguments, called from C++, so the result is bit for bit the
-// Python loop's (tests/models/test_layer_stack.py) at a fraction of the
-// overhead. models/layer_stack.py decides when a step may take this path.
+// of a 17 ms one-request bf16 decode step. Here the same kernels and operators
+// run in the same order on the same arguments, called from C++, so the result
+// is bit for bit the Python loop's (tests/models/test_layer_stack.py) at a
+// fraction of the overhead: bf16 steps with the fused elementwise kernels
+// (silu_and_mul, add_rms_norm, rotary_embedding), float32 steps with torch's
+// operators as layers/*.py spell them (the exact mode stays what transformers
+// computes). models/layer_stack.py decides when a step may take this path.
 #include <torch/extension.h>
 
 #include <tuple>
@@ -29,61 +32,105 @@ namespace {
 
 constexpr int64_t kNorms = 2;    // per layer: input_layernorm, post_attention_layernorm
 constexpr int64_t kLinears = 4;  // per layer: qkv, o, gate_up, down
+constexpr int64_t kPairs = 0, kOneDnn = 1;  // how a linear layer's weight is packed
+
+// x W^T + b: the pairs kernel, or oneDNN's packed linear (cpu_gemm.packed_linear).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b,
+                  int64_t kind) {
+  if (kind == kPairs) return bf16_pairs_linear(x, w, b);
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  torch::jit::Stack stack{x, w, b.has_value() ? c10::IValue(*b) : c10::IValue(),
+                          c10::IValue(std::string("none")),
+                          c10::IValue(c10::impl::GenericList(
+                              c10::OptionalType::create(c10::NumberType::get()))),
+                          c10::IValue()};
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+// (norm(x + residual), x + residual): the fused kernel, or RMSNorm.add_and_norm's
+// torch operators.
+std::tuple<at::Tensor, at::Tensor> add_and_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps, bool fused) {
+  if (fused) return add_rms_norm(x, residual.contiguous(), weight, eps);
+  at::Tensor sum = x + residual;
+  return {at::rms_norm(sum, {sum.size(1)}, weight, eps), sum};
+}
+
+// layers/rotary.apply_rotary.
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool fused) {
+  if (fused) return rotary_embedding(x, cos, sin);
+  const auto halves = x.chunk(2, -1);
+  const at::Tensor &x1 = halves[0], &x2 = halves[1];
+  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+}
+
+// layers/activation.SiluAndMul.
+at::Tensor silu_mul(const at::Tensor& x, bool fused) {
+  if (fused) return silu_and_mul(x);
+  const auto halves = x.chunk(2, -1);
+  return at::silu(halves[0]) * halves[1];
+}
 
 }  // namespace
 
-// hidden [T, hidden] bf16 (the embeddings), residual: undefined before the first
-// layer; cos, sin [T, 1, D / 2] bf16; per layer l: norms[2l .. 2l + 2), packed and
-// biases [4l .. 4l + 4) (see the constants above), k_bufs[l], v_bufs[l]; the
+// hidden [T, hidden] bf16 or float32 (the embeddings), residual: undefined before
+// the first layer; cos, sin [T, 1, D / 2] in hidden's dtype; per layer l:
+// norms[2l .. 2l + 2), packed, biases and kinds [4l .. 4l + 4) (see the constants
+// above), k_bufs[l], v_bufs[l]; fused: the fused elementwise kernels (bf16); the
 // attention arguments of paged_attention for every row of the step. Writes each
 // layer's K and V at out_cache_loc and returns (hidden, residual) after the last
 // layer, which the final norm adds: what LlamaModel's loop returns.
 std::tuple<at::Tensor, at::Tensor> llama_layer_stack(
     const at::Tensor& hidden_in, const c10::optional<at::Tensor>& residual_in,
     const at::Tensor& cos, const at::Tensor& sin, at::TensorList norms, at::TensorList packed,
-    const c10::List<c10::optional<at::Tensor>>& biases, at::TensorList k_bufs,
+    const c10::List<c10::optional<at::Tensor>>& biases, at::IntArrayRef kinds,
+    at::TensorList k_bufs,
     at::TensorList v_bufs, const at::Tensor& out_cache_loc, const at::Tensor& req_to_token,
     const at::Tensor& req_rows, const at::Tensor& seq_lens, const at::Tensor& q_starts,
     const at::Tensor& q_lens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-    double eps, double scale) {
+    double eps, double scale, bool fused) {
   const int64_t layers = static_cast<int64_t>(k_bufs.size());
   TORCH_CHECK(static_cast<int64_t>(v_bufs.size()) == layers &&
                   static_cast<int64_t>(norms.size()) == kNorms * layers &&
                   static_cast<int64_t>(packed.size()) == kLinears * layers &&
-                  static_cast<int64_t>(biases.size()) == kLinears * layers,
+                  static_cast<int64_t>(biases.size()) == kLinears * layers &&
+                  static_cast<int64_t>(kinds.size()) == kLinears * layers,
               "llama_layer_stack: 2 norms, 4 linear layers and a K and V buffer per layer");
-  TORCH_CHECK(hidden_in.dim() == 2 && hidden_in.scalar_type() == at::kBFloat16,
-              "llama_layer_stack: hidden [T, hidden] bf16");
+  TORCH_CHECK(hidden_in.dim() == 2, "llama_layer_stack: hidden [T, hidden]");
   const int64_t tokens = hidden_in.size(0);
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
-  const auto bias = [&](int64_t i) -> c10::optional<at::Tensor> { return biases.get(i); };
   at::Tensor hidden = hidden_in;
   at::Tensor residual = residual_in.has_value() ? *residual_in : at::Tensor();
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* w = packed.data() + kLinears * l;
+    const int64_t* kind = kinds.data() + kLinears * l;
+    const auto bias = [&](int64_t i) { return biases.get(kLinears * l + i); };
     if (!residual.defined()) {
       residual = hidden;
       hidden = at::rms_norm(hidden, {hidden.size(1)}, norms[kNorms * l], eps);
     } else {
-      std::tie(hidden, residual) = add_rms_norm(hidden, residual.contiguous(), norms[kNorms * l], eps);
+      std::tie(hidden, residual) = add_and_norm(hidden, residual, norms[kNorms * l], eps, fused);
     }
     // Attention: qkv, rotary on q and k, K and V into the pool, attention, o.
-    const at::Tensor qkv = bf16_pairs_linear(hidden, w[0], bias(kLinears * l));
-    const at::Tensor qk = rotary_embedding(
+    const at::Tensor qkv = linear(hidden, w[0], bias(0), kind[0]);
+    const at::Tensor qk = rotate(
         qkv.narrow(1, 0, q_size + kv_size).view({tokens, num_heads + num_kv_heads, head_dim}),
-        cos, sin);
+        cos, sin, fused);
     const at::Tensor q = qk.narrow(1, 0, num_heads), k = qk.narrow(1, num_heads, num_kv_heads);
-    const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads, head_dim});
+    const at::Tensor v =
+        qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads, head_dim});
     at::Tensor k_buf = k_bufs[l], v_buf = v_bufs[l];
     k_buf.index_copy_(0, out_cache_loc, k);
     v_buf.index_copy_(0, out_cache_loc, v);
     const at::Tensor attn = paged_attention(q, k_buf, v_buf, req_to_token, req_rows, seq_lens,
                                             q_starts, q_lens, scale);
-    hidden = bf16_pairs_linear(attn.view({tokens, -1}), w[1], bias(kLinears * l + 1));
-    std::tie(hidden, residual) = add_rms_norm(hidden, residual, norms[kNorms * l + 1], eps);
+    hidden = linear(attn.view({tokens, -1}), w[1], bias(1), kind[1]);
+    std::tie(hidden, residual) = add_and_norm(hidden, residual, norms[kNorms * l + 1], eps, fused);
     // MLP.
-    const at::Tensor gate_up = bf16_pairs_linear(hidden, w[2], bias(kLinears * l + 2));
-    hidden = bf16_pairs_linear(silu_and_mul(gate_up), w[3], bias(kLinears * l + 3));
+    const at::Tensor gate_up = linear(hidden, w[2], bias(2), kind[2]);
+    hidden = linear(silu_mul(gate_up, fused), w[3], bias(3), kind[3]);
   }
   return {hidden, residual};
 }
@@ -91,10 +138,12 @@ std::tuple<at::Tensor, at::Tensor> llama_layer_stack(
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def(
       "llama_layer_stack(Tensor hidden, Tensor? residual, Tensor cos, Tensor sin, "
-      "Tensor[] norms, Tensor[] packed, Tensor?[] biases, Tensor(a!)[] k_bufs, "
+      "Tensor[] norms, Tensor[] packed, Tensor?[] biases, int[] kinds, Tensor(a!)[] k_bufs, "
       "Tensor(b!)[] v_bufs, Tensor out_cache_loc, Tensor req_to_token, Tensor req_rows, "
       "Tensor seq_lens, Tensor q_starts, Tensor q_lens, int num_heads, int num_kv_heads, "
-      "int head_dim, float eps, float scale) -> (Tensor, Tensor)");
+      "int head_dim, float eps, float scale, bool fused) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("llama_layer_stack", &llama_layer_stack); }
+// oneDNN-packed weights are tensors of the MkldnnCPU backend, which then picks the kernel.
+TORCH_LIBRARY_IMPL(radixlm, MkldnnCPU, m) { m.impl("llama_layer_stack", &llama_layer_stack); }

@@ -1,16 +1,18 @@
-"""Llama-family decoder layers in one C++ call (csrc/layer_stack.cpp) for bf16 steps.
+"""Llama-family decoder layers in one C++ call (csrc/layer_stack.cpp) on the CPU.
 
-With every linear layer on the bf16 pairs kernel and the step's attention all in
-the CPU paged kernel, the Python loop over layers only strings kernels together,
-and does so slowly: ~150 us a layer of module calls and operator dispatch, ~5 ms
-of a 20 ms one-request decode step at 30 layers. `LayerStack.run` hands the whole
-loop to C++, which calls the same kernels in the same order on the same
-arguments: the result is the Python loop's, bit for bit.
+With every linear layer packed (the bf16 pairs kernel or oneDNN) and the step's
+attention all in the CPU paged kernel, the Python loop over layers only strings
+kernels together, and does so slowly: ~150 us a layer of module calls and
+operator dispatch, ~5 ms of a 17 ms one-request bf16 decode step at 30 layers.
+`LayerStack.run` hands the whole loop to C++, which calls the same kernels and
+operators in the same order on the same arguments: the result is the Python
+loop's, bit for bit, in bf16 and in the exact float32 mode alike.
 
-A model takes this path when `stack_for` finds it eligible (bf16 on the CPU, one
-tensor-parallel rank, every projection packed for the pairs kernel, no module
-hooks) and a step when `LayerStack.run` does (its attention metadata covers every
-row in the kernel, the pool in bf16); anything else runs the Python loop.
+A model takes this path when `stack_for` finds it eligible (bf16 or float32 on
+the CPU, one tensor-parallel rank, every projection packed, none int8 or with a
+small-batch plain copy) and a step when `LayerStack.run` does (no module hooks,
+its attention metadata covers every row in the kernel, the pool in the model's
+dtype); anything else runs the Python loop.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixlm.layers.cpu_attention import CpuPagedAttnBackend, CpuPagedMetadata
-from radixlm.layers.cpu_kernels import load_cpu_kernels
+from radixlm.layers.cpu_kernels import load_cpu_kernels, use_fused_cpu_kernel
 
 if TYPE_CHECKING:
     from torch import nn
@@ -28,12 +30,18 @@ if TYPE_CHECKING:
     from radixlm.model_executor.forward_batch import ForwardBatch
 
 
-def _hooked(modules: list[nn.Module]) -> bool:
-    """Whether a forward hook would see these modules run (the C++ loop calls none)."""
+def _hooked(hook_dicts: list[dict[Any, Any]]) -> bool:
+    """Whether a forward hook would see the layers run (the C++ loop calls none):
+    hook_dicts, the layers' modules' hook dicts (register_forward_hook adds to them)."""
     from torch.nn.modules import module as module_state
 
     return bool(module_state._global_forward_hooks or module_state._global_forward_pre_hooks
-                or any(m._forward_hooks or m._forward_pre_hooks for m in modules))
+                or any(hook_dicts))
+
+
+def _key(qkv_proj: nn.Module) -> int:
+    """Identifies the packed weights a stack was built from (a reload packs new ones)."""
+    return id(qkv_proj._pairs if qkv_proj._pairs is not None else qkv_proj._packed)
 
 
 class LayerStack:
@@ -41,21 +49,29 @@ class LayerStack:
 
     def __init__(self, layers: nn.ModuleList) -> None:
         first = layers[0].self_attn
-        self.key = id(first.qkv_proj._pairs)  # the packed weights this stack was built from
-        self.modules = [m for layer in layers for m in layer.modules()]
+        self.key = _key(first.qkv_proj)  # the packed weights this stack was built from
+        self.hook_dicts = [d for layer in layers for m in layer.modules()
+                           for d in (m._forward_hooks, m._forward_pre_hooks)]
         self.num_heads, self.num_kv_heads = first.num_heads, first.num_kv_heads
         self.head_dim = first.head_dim
         self.eps = float(layers[0].input_layernorm.eps)
+        self.dtype = layers[0].input_layernorm.weight.dtype
+        # The fused elementwise kernels where the Python layers take them (bf16).
+        self.fused = use_fused_cpu_kernel(layers[0].input_layernorm.weight)
         self.norms: list[torch.Tensor] = []
         self.packed: list[torch.Tensor] = []
         self.biases: list[torch.Tensor | None] = []
+        self.kinds: list[int] = []  # per projection: 0 the pairs kernel, 1 oneDNN
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
             self.norms += [layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data]
             for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-                self.packed.append(proj._pairs)
-                bias = proj.bias
-                self.biases.append(None if bias is None else bias.data.to(torch.bfloat16))
+                pairs = proj._pairs is not None
+                self.packed.append(proj._pairs if pairs else proj._packed)
+                self.kinds.append(0 if pairs else 1)
+                bias = None if proj.bias is None else proj.bias.data
+                # as cpu_gemm.pairs_linear and packed_linear take it
+                self.biases.append(bias.to(torch.bfloat16) if pairs and bias is not None else bias)
 
     def run(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             forward_batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -65,16 +81,16 @@ class LayerStack:
         pool = forward_batch.token_to_kv_pool
         if (not isinstance(forward_batch.attn_backend, CpuPagedAttnBackend)
                 or not isinstance(md, CpuPagedMetadata) or md.kernel_args is None
-                or not md.covers_all_rows or pool.dtype != torch.bfloat16
-                or hidden.dtype != torch.bfloat16 or hidden.dim() != 2 or hidden.shape[0] == 0
-                or cos.dtype != torch.bfloat16 or _hooked(self.modules)):
+                or not md.covers_all_rows or pool.dtype != self.dtype
+                or hidden.dtype != self.dtype or hidden.dim() != 2 or hidden.shape[0] == 0
+                or cos.dtype != self.dtype or _hooked(self.hook_dicts)):
             return None
         rows, seq_lens, q_starts, q_lens = md.kernel_args
         return torch.ops.radixlm.llama_layer_stack(
-            hidden.contiguous(), None, cos, sin, self.norms, self.packed, self.biases,
+            hidden, None, cos, sin, self.norms, self.packed, self.biases, self.kinds,
             pool.k_buffers, pool.v_buffers, forward_batch.out_cache_loc,
             forward_batch.req_to_token, rows, seq_lens, q_starts, q_lens, self.num_heads,
-            self.num_kv_heads, self.head_dim, self.eps, self.head_dim**-0.5)
+            self.num_kv_heads, self.head_dim, self.eps, self.head_dim**-0.5, self.fused)
 
 
 def stack_for(model: Any) -> LayerStack | None:
@@ -83,16 +99,21 @@ def stack_for(model: Any) -> LayerStack | None:
     layers = model.layers
     if not layers or load_cpu_kernels() is None:
         return None
-    first = layers[0].self_attn
-    cached: LayerStack | None = getattr(model, "_layer_stack", None)
-    if cached is not None and cached.key == id(first.qkv_proj._pairs):
-        return cached
+    key = _key(layers[0].self_attn.qkv_proj)
+    cached: tuple[int, LayerStack | None] | None = getattr(model, "_layer_stack", None)
+    if cached is None or cached[0] != key:
+        cached = (key, LayerStack(layers) if _eligible(layers) else None)
+        model._layer_stack = cached
+    return cached[1]
+
+
+def _eligible(layers: nn.ModuleList) -> bool:
     projections = [p for layer in layers for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                                   layer.mlp.gate_up_proj, layer.mlp.down_proj)]
     norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
-    if (any(p._pairs is None or p.tp_size != 1 for p in projections)
-            or any(n.weight.dtype != torch.bfloat16 or n.weight.device.type != "cpu" for n in norms)
-            or len({n.eps for n in norms}) != 1):
-        return None
-    model._layer_stack = LayerStack(layers)
-    return model._layer_stack
+    dtype = norms[0].weight.dtype
+    return not (any(p.tp_size != 1 or p._int8 is not None or p._plain is not None
+                    or (p._pairs is None and p._packed is None) for p in projections)
+                or dtype not in (torch.bfloat16, torch.float32)
+                or any(n.weight.dtype != dtype or n.weight.device.type != "cpu" for n in norms)
+                or len({n.eps for n in norms}) != 1)

@@ -1,8 +1,10 @@
 """The decoder layers in one C++ call (models/layer_stack.py) against the Python loop.
 
-The stack calls the same kernels in the same order, so its logits and the K/V it
-writes must equal the Python loop's bit for bit, over prefill chunks (with and
-without a cached prefix) and decode steps of several requests at once.
+The stack calls the same kernels and operators in the same order, so its logits
+and the K/V it writes must equal the Python loop's bit for bit, over prefill
+chunks (with and without a cached prefix) and decode steps of several requests at
+once: in bf16 (the pairs kernel where the CPU has bf16 dot products, else oneDNN)
+and in the exact float32 mode (oneDNN-packed weights, torch's elementwise ops).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import pytest
 import torch
 from _forward_harness import PoolRunner, build_hf_model
 
-from radixlm.layers.cpu_gemm import pairs_capable, prepare_model
+from radixlm.layers.cpu_gemm import can_pack, pairs_capable, prepare_model
+from radixlm.layers.cpu_kernels import load_cpu_kernels
 from radixlm.model_loader.loader import load_model
 from radixlm.models import layer_stack
 
@@ -20,25 +23,26 @@ STACK = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
              num_key_value_heads=2, num_hidden_layers=3)
 
 
-def _needs_pairs_kernel() -> None:
-    if not pairs_capable(torch.zeros(16, 16, dtype=torch.bfloat16)):
-        pytest.skip("the bf16 pairs kernel needs a CPU with AVX512_BF16")
+def _needs_packed_weights(dtype: torch.dtype) -> None:
+    w = torch.zeros(16, 16, dtype=dtype)
+    if load_cpu_kernels() is None or not (pairs_capable(w) or can_pack(w)):
+        pytest.skip(f"no packed {dtype} weights on this CPU (needs the kernels and oneDNN)")
 
 
-def _load(tmp_path, model_type: str):  # type: ignore[no-untyped-def]
+def _load(tmp_path, model_type: str, dtype: torch.dtype = torch.bfloat16):  # type: ignore[no-untyped-def]
     hf = build_hf_model(model_type, **STACK)
     hf.save_pretrained(tmp_path)
-    model, config = load_model(str(tmp_path), torch.bfloat16, "cpu")
+    model, config = load_model(str(tmp_path), dtype, "cpu")
     prepare_model(model, "none")
     return model, config
 
 
-def _run(model, config, use_stack: bool) -> tuple[list[torch.Tensor], PoolRunner]:  # type: ignore[no-untyped-def]
+def _run(model, config, use_stack: bool, dtype: torch.dtype = torch.bfloat16) -> tuple[list[torch.Tensor], PoolRunner]:  # type: ignore[no-untyped-def]
     """Three requests: two prefills (one of 40 tokens, one chunked 30 + 20 after a shared
     prefix), then decode steps of all three together. Returns every step's logits."""
     model.model.use_layer_stack = use_stack
     runner = PoolRunner(model, config, num_slots=512, max_requests=4, max_context=128,
-                        dtype=torch.bfloat16, backend="cpu_paged")
+                        dtype=dtype, backend="cpu_paged")
     gen = torch.Generator().manual_seed(1)
 
     def ids(n: int) -> list[int]:
@@ -55,10 +59,12 @@ def _run(model, config, use_stack: bool) -> tuple[list[torch.Tensor], PoolRunner
     return out, runner
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: q/k/v biases
-def test_layer_stack_equals_the_python_loop(tmp_path, model_type: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    _needs_pairs_kernel()
-    model, config = _load(tmp_path, model_type)
+def test_layer_stack_equals_the_python_loop(tmp_path, model_type: str, dtype: torch.dtype,
+                                            monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    _needs_packed_weights(dtype)
+    model, config = _load(tmp_path, model_type, dtype)
     calls = {"stack": 0}
     run = layer_stack.LayerStack.run
 
@@ -68,9 +74,9 @@ def test_layer_stack_equals_the_python_loop(tmp_path, model_type: str, monkeypat
         return out
 
     monkeypatch.setattr(layer_stack.LayerStack, "run", counted)
-    python_logits, python_runner = _run(model, config, use_stack=False)
+    python_logits, python_runner = _run(model, config, False, dtype)
     assert calls["stack"] == 0
-    stack_logits, stack_runner = _run(model, config, use_stack=True)
+    stack_logits, stack_runner = _run(model, config, True, dtype)
     assert calls["stack"] == 7  # every step
     assert len(stack_logits) == len(python_logits)
     for ours, ref in zip(stack_logits, python_logits):
@@ -80,8 +86,8 @@ def test_layer_stack_equals_the_python_loop(tmp_path, model_type: str, monkeypat
         assert torch.equal(ours, ref)
 
 
-def test_a_forward_hook_or_another_precision_keeps_the_python_loop(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    _needs_pairs_kernel()
+def test_a_forward_hook_or_int8_keeps_the_python_loop(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _needs_packed_weights(torch.bfloat16)
     model, config = _load(tmp_path, "llama")
     seen = []
     handle = model.model.layers[1].mlp.register_forward_hook(lambda *a: seen.append(1))
@@ -89,6 +95,7 @@ def test_a_forward_hook_or_another_precision_keeps_the_python_loop(tmp_path) -> 
     assert len(seen) == 7  # the hook ran every step: the Python loop did
     handle.remove()
     assert layer_stack.stack_for(model.model) is not None
-    fp32, fp32_config = load_model(str(tmp_path), torch.float32, "cpu")
-    prepare_model(fp32, "none")
-    assert layer_stack.stack_for(fp32.model) is None  # oneDNN-packed fp32: no pairs weights
+    int8, _ = load_model(str(tmp_path), torch.float32, "cpu")
+    assert layer_stack.stack_for(int8.model) is None  # not packed yet: dense weights
+    prepare_model(int8, "w8a8_int8")
+    assert layer_stack.stack_for(int8.model) is None
