@@ -5,13 +5,16 @@
 // The Python loop over layers spends ~150 us a layer outside the kernels (module
 // calls, argument checks, ~15 operator calls from Python): with 30 layers ~5 ms
 // of a 17 ms one-request bf16 decode step. Here the same kernels and operators
-// run in the same order on the same arguments, called from C++, so the result
+// run in the same order on the same arguments, called from C++ (each kernel in a
+// profiler scope of its operator's name), so the result
 // is bit for bit the Python loop's (tests/models/test_layer_stack.py) at a
 // fraction of the overhead: bf16 steps with the fused elementwise kernels
 // (silu_and_mul, add_rms_norm, rotary_embedding), float32 steps with torch's
 // operators as layers/*.py spell them (the exact mode stays what transformers
 // computes). models/layer_stack.py decides when a step may take this path.
 #include <torch/extension.h>
+
+#include <ATen/record_function.h>
 
 #include <tuple>
 #include <vector>
@@ -37,7 +40,10 @@ constexpr int64_t kPairs = 0, kOneDnn = 1;  // how a linear layer's weight is pa
 // x W^T + b: the pairs kernel, or oneDNN's packed linear (cpu_gemm.packed_linear).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b,
                   int64_t kind) {
-  if (kind == kPairs) return bf16_pairs_linear(x, w, b);
+  if (kind == kPairs) {
+    RECORD_FUNCTION("radixlm::bf16_pairs_linear", std::vector<c10::IValue>());
+    return bf16_pairs_linear(x, w, b);
+  }
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   torch::jit::Stack stack{x, w, b.has_value() ? c10::IValue(*b) : c10::IValue(),
@@ -53,14 +59,20 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<
 // torch operators.
 std::tuple<at::Tensor, at::Tensor> add_and_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps, bool fused) {
-  if (fused) return add_rms_norm(x, residual.contiguous(), weight, eps);
+  if (fused) {
+    RECORD_FUNCTION("radixlm::add_rms_norm", std::vector<c10::IValue>());
+    return add_rms_norm(x, residual.contiguous(), weight, eps);
+  }
   at::Tensor sum = x + residual;
   return {at::rms_norm(sum, {sum.size(1)}, weight, eps), sum};
 }
 
 // layers/rotary.apply_rotary.
 at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool fused) {
-  if (fused) return rotary_embedding(x, cos, sin);
+  if (fused) {
+    RECORD_FUNCTION("radixlm::rotary_embedding", std::vector<c10::IValue>());
+    return rotary_embedding(x, cos, sin);
+  }
   const auto halves = x.chunk(2, -1);
   const at::Tensor &x1 = halves[0], &x2 = halves[1];
   return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
@@ -68,7 +80,10 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 
 // layers/activation.SiluAndMul.
 at::Tensor silu_mul(const at::Tensor& x, bool fused) {
-  if (fused) return silu_and_mul(x);
+  if (fused) {
+    RECORD_FUNCTION("radixlm::silu_and_mul", std::vector<c10::IValue>());
+    return silu_and_mul(x);
+  }
   const auto halves = x.chunk(2, -1);
   return at::silu(halves[0]) * halves[1];
 }
@@ -124,8 +139,12 @@ std::tuple<at::Tensor, at::Tensor> llama_layer_stack(
     at::Tensor k_buf = k_bufs[l], v_buf = v_bufs[l];
     k_buf.index_copy_(0, out_cache_loc, k);
     v_buf.index_copy_(0, out_cache_loc, v);
-    const at::Tensor attn = paged_attention(q, k_buf, v_buf, req_to_token, req_rows, seq_lens,
-                                            q_starts, q_lens, scale);
+    at::Tensor attn;
+    {
+      RECORD_FUNCTION("radixlm::paged_attention", std::vector<c10::IValue>());
+      attn = paged_attention(q, k_buf, v_buf, req_to_token, req_rows, seq_lens, q_starts, q_lens,
+                             scale);
+    }
     hidden = linear(attn.view({tokens, -1}), w[1], bias(1), kind[1]);
     std::tie(hidden, residual) = add_and_norm(hidden, residual, norms[kNorms * l + 1], eps, fused);
     // MLP.
