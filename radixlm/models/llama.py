@@ -33,9 +33,9 @@ from radixlm.layers.linear import (
 )
 from radixlm.layers.rotary import RotaryEmbedding, apply_rotary
 from radixlm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
-from radixlm.models.layer_stack import stack_for
 from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.models.base import CausalLM
+from radixlm.models.layer_stack import stack_for
 
 logger = logging.getLogger(__name__)
 
