@@ -260,8 +260,19 @@ def print_run(run: RunResult, errors: list[str]) -> None:
         print(f"  error: {e}")
 
 
+def plotted_runs(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The fixed-concurrency runs by server label, leaving out runs whose every request
+    failed (a server that died is no data point)."""
+    by_label: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        if run.get("concurrency") and run.get("num_failed", 0) < run.get("num_requests", 1):
+            by_label.setdefault(run["label"], []).append(run)
+    return by_label
+
+
 def plot(runs: list[dict[str, Any]], path: str) -> None:
-    """Output tok/s and median TTFT / ITL against concurrency, one line per server."""
+    """Output tok/s and median TTFT / ITL against concurrency, one line per server
+    (runs where every request failed left out)."""
     try:
         import matplotlib
 
@@ -269,10 +280,7 @@ def plot(runs: list[dict[str, Any]], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise SystemExit("--plot needs matplotlib: pip install matplotlib") from e
-    by_label: dict[str, list[dict[str, Any]]] = {}
-    for run in runs:
-        if run.get("concurrency"):
-            by_label.setdefault(run["label"], []).append(run)
+    by_label = plotted_runs(runs)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     panels = [("output_throughput", None, "output tokens/s"), ("ttft", "p50", "TTFT p50 (ms)"),
               ("itl", "p50", "ITL p50 (ms)")]

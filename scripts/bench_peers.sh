@@ -42,10 +42,10 @@ start() {  # name, command...
 bench() {  # label
   $PY -m radixlm.bench_serving --base-url "http://127.0.0.1:$PORT" --label "$1" \
     --concurrency 1 16 32 --output-len 128 --warmup 4 --repeat "$REPEAT" --disable-tqdm \
-    --output-file "$OUT/runs.jsonl" | grep -E "^CPU|==|throughput|TTFT|TPOT"
+    --output-file "$OUT/runs.jsonl" | grep -E "^CPU|==|requests:|throughput|TTFT|TPOT|error"
   $PY -m radixlm.bench_serving --base-url "http://127.0.0.1:$PORT" --label "$1-2k" \
     --dataset random --random-input-len 2000 --output-len 1 --concurrency 1 --num-prompts 3 \
-    --warmup 0 --disable-tqdm --output-file "$OUT/prefill.jsonl" | grep -E "==|TTFT"
+    --warmup 0 --disable-tqdm --output-file "$OUT/prefill.jsonl" | grep -E "==|requests:|TTFT|error"
 }
 
 for engine in $ENGINES; do

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
@@ -95,6 +96,9 @@ def test_failed_requests_are_counted(base_url: str) -> None:
         "--output-len", "100000", "--warmup", "0", "--disable-tqdm",
     ])
     assert run.num_failed == 2  # max_tokens past the context: a 400 for each
+    # ... and such a run is left out of the plot, beside one of another server that ran.
+    ok = {**asdict(run), "label": "alive", "num_failed": 0}
+    assert bench_serving.plotted_runs([asdict(run), ok]) == {"alive": [ok]}
 
 
 def test_bad_arguments_exit() -> None:
