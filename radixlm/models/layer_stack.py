@@ -25,8 +25,6 @@ from radixlm.layers.cpu_attention import CpuPagedAttnBackend, CpuPagedMetadata
 from radixlm.layers.cpu_kernels import load_cpu_kernels, use_fused_cpu_kernel
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from radixlm.model_executor.forward_batch import ForwardBatch
 
 
@@ -39,7 +37,7 @@ def _hooked(hook_dicts: list[dict[Any, Any]]) -> bool:
                 or any(hook_dicts))
 
 
-def _key(qkv_proj: nn.Module) -> int:
+def _key(qkv_proj: Any) -> int:
     """Identifies the packed weights a stack was built from (a reload packs new ones)."""
     return id(qkv_proj._pairs if qkv_proj._pairs is not None else qkv_proj._packed)
 
@@ -47,7 +45,7 @@ def _key(qkv_proj: nn.Module) -> int:
 class LayerStack:
     """A model's layer weights as the C++ loop takes them (see the module docstring)."""
 
-    def __init__(self, layers: nn.ModuleList) -> None:
+    def __init__(self, layers: Any) -> None:  # LlamaDecoderLayer modules
         first = layers[0].self_attn
         self.key = _key(first.qkv_proj)  # the packed weights this stack was built from
         self.hook_dicts = [d for layer in layers for m in layer.modules()
@@ -107,7 +105,7 @@ def stack_for(model: Any) -> LayerStack | None:
     return cached[1]
 
 
-def _eligible(layers: nn.ModuleList) -> bool:
+def _eligible(layers: Any) -> bool:
     projections = [p for layer in layers for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                                   layer.mlp.gate_up_proj, layer.mlp.down_proj)]
     norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
