@@ -3,11 +3,12 @@
     .venv/bin/python scripts/profile_step.py [--batch 32] [--seq-len 400] [--steps 10]
         [--configs fp32:torch_native fp32:cpu_paged bf16:cpu_paged int8:cpu_paged] [--profile]
 
-Each config is `precision:backend` (precision fp32, bf16, int8 = W8A8 over
-float32 activations, int8bf16 = W8A8 over bfloat16). The requests start with
-`--seq-len` tokens of random K/V in the pool, then decode `--steps` steps; the configs run in
-turn, `--rounds` times, so their ratios are measured side by side even on a
-busy machine. `--profile` adds torch.profiler's split of one step's time
+Each config is `precision:backend[:loop]` (precision fp32, bf16, int8 = W8A8 over
+float32 activations, int8bf16 = W8A8 over bfloat16; `:loop` runs the decoder
+layers in the Python loop instead of the C++ layer stack, models/layer_stack.py).
+The requests start with `--seq-len` tokens of random K/V in the pool, then decode
+`--steps` steps; the configs run in turn, `--rounds` times, so their ratios are
+measured side by side even on a busy machine. `--profile` adds torch.profiler's split of one step's time
 (attention, linear layers, LM head, the rest).
 """
 
@@ -44,13 +45,14 @@ CATEGORIES = [
 
 
 def build(config: str, batch: int, seq_len: int, steps: int) -> tuple[PoolRunner, list[int]]:
-    precision, backend = config.split(":")
+    precision, backend, *loop = config.split(":")
     dtype, quantization = PRECISIONS[precision]
     model_dir = resolve_model_dir(None)
     model, cfg = load_model(model_dir, dtype, "cpu")
     if quantization == "w8a8_int8":
         smooth_for_int8(model, cfg, model_dir)
     prepare_model(model, quantization)
+    model.model.use_layer_stack = loop != ["loop"]
     total = batch * (seq_len + steps + 2)
     runner = PoolRunner(model, cfg, num_slots=total, max_requests=batch,
                         max_context=seq_len + steps + 2, dtype=dtype, backend=backend)
