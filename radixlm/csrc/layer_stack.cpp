@@ -90,16 +90,15 @@ at::Tensor silu_mul(const at::Tensor& x, bool fused) {
 
 }  // namespace
 
-// hidden [T, hidden] bf16 or float32 (the embeddings), residual: undefined before
-// the first layer; cos, sin [T, 1, D / 2] in hidden's dtype; per layer l:
+// hidden [T, hidden] bf16 or float32 (the embeddings); cos, sin [T, 1, D / 2] in
+// hidden's dtype; per layer l:
 // norms[2l .. 2l + 2), packed, biases and kinds [4l .. 4l + 4) (see the constants
 // above), k_bufs[l], v_bufs[l]; fused: the fused elementwise kernels (bf16); the
 // attention arguments of paged_attention for every row of the step. Writes each
 // layer's K and V at out_cache_loc and returns (hidden, residual) after the last
 // layer, which the final norm adds: what LlamaModel's loop returns.
 std::tuple<at::Tensor, at::Tensor> llama_layer_stack(
-    const at::Tensor& hidden_in, const c10::optional<at::Tensor>& residual_in,
-    const at::Tensor& cos, const at::Tensor& sin, at::TensorList norms, at::TensorList packed,
+    const at::Tensor& hidden_in, const at::Tensor& cos, const at::Tensor& sin, at::TensorList norms, at::TensorList packed,
     const c10::List<c10::optional<at::Tensor>>& biases, at::IntArrayRef kinds,
     at::TensorList k_bufs,
     at::TensorList v_bufs, const at::Tensor& out_cache_loc, const at::Tensor& req_to_token,
@@ -117,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor> llama_layer_stack(
   const int64_t tokens = hidden_in.size(0);
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
   at::Tensor hidden = hidden_in;
-  at::Tensor residual = residual_in.has_value() ? *residual_in : at::Tensor();
+  at::Tensor residual;  // the first layer starts it
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* w = packed.data() + kLinears * l;
     const int64_t* kind = kinds.data() + kLinears * l;
@@ -156,7 +155,7 @@ std::tuple<at::Tensor, at::Tensor> llama_layer_stack(
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def(
-      "llama_layer_stack(Tensor hidden, Tensor? residual, Tensor cos, Tensor sin, "
+      "llama_layer_stack(Tensor hidden, Tensor cos, Tensor sin, "
       "Tensor[] norms, Tensor[] packed, Tensor?[] biases, int[] kinds, Tensor(a!)[] k_bufs, "
       "Tensor(b!)[] v_bufs, Tensor out_cache_loc, Tensor req_to_token, Tensor req_rows, "
       "Tensor seq_lens, Tensor q_starts, Tensor q_lens, int num_heads, int num_kv_heads, "

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.nn.modules import module as module_state
 
 from radixlm.layers.cpu_attention import CpuPagedAttnBackend, CpuPagedMetadata
 from radixlm.layers.cpu_kernels import load_cpu_kernels, use_fused_cpu_kernel
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
 def _hooked(hook_dicts: list[dict[Any, Any]]) -> bool:
     """Whether a forward hook would see the layers run (the C++ loop calls none):
     hook_dicts, the layers' modules' hook dicts (register_forward_hook adds to them)."""
-    from torch.nn.modules import module as module_state
-
     return bool(module_state._global_forward_hooks or module_state._global_forward_pre_hooks
                 or any(hook_dicts))
 
@@ -85,7 +84,7 @@ class LayerStack:
             return None
         rows, seq_lens, q_starts, q_lens = md.kernel_args
         return torch.ops.radixlm.llama_layer_stack(
-            hidden, None, cos, sin, self.norms, self.packed, self.biases, self.kinds,
+            hidden, cos, sin, self.norms, self.packed, self.biases, self.kinds,
             pool.k_buffers, pool.v_buffers, forward_batch.out_cache_loc,
             forward_batch.req_to_token, rows, seq_lens, q_starts, q_lens, self.num_heads,
             self.num_kv_heads, self.head_dim, self.eps, self.head_dim**-0.5, self.fused)
