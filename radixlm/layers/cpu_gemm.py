@@ -17,6 +17,14 @@ Two formats replace a dense weight once it is loaded (`prepare_model`):
   against oneDNN's packed bf16: 1.8x at 1 row, 1.5x at 4, 1.7x at 8, 1.3x at 16,
   1.2x at 32, 1.15x at 64-128, 1.03x at 512-2,000. Each output row is computed
   the same way whatever the batch around it (no batch-size dependent blocking).
+- bf16 weights, float32 arithmetic (`bf16w_capable`, `--quantization bf16_weights`):
+  for CPUs without bf16 arithmetic (AVX2, or AVX-512F without AVX512_BF16), a
+  float32 weight rounded to bfloat16 and packed as for the pairs kernel; a float32
+  `x` makes `pairs_linear` run csrc/bf16w_gemm.cpp, which widens each weight to
+  float32 in registers and sums in float32. Half of float32's bytes: measured on a
+  2-core AVX-512F Xeon on all of SmolLM2's linear layers against oneDNN's packed
+  float32, 2.3x at 1 row, ~3x at 4-8, 2.2x at 16, 1.7x at 32, even from 64 rows
+  (where both are bound by the FMAs).
 - W8A8 int8 (`Int8Weight`, `int8_linear`; SGLang's `w8a8_int8`): the weight
   quantized symmetrically per output channel, the activations per token
   (each row its own scale) at run time, int8 x int8 -> int32 through
@@ -39,6 +47,7 @@ not used: measured here they run 4-100x slower than packed float32.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, NamedTuple
 
@@ -52,7 +61,7 @@ logger = logging.getLogger(__name__)
 # Batch size the packed layout is tuned for; any batch size works.
 _PACK_BATCH_HINT = 64
 
-QUANTIZATIONS = ("none", "w8a8_int8")
+QUANTIZATIONS = ("none", "w8a8_int8", "bf16_weights")
 
 # small_batch_linear: at most this many rows, K a multiple of SMALL_BATCH_K_STEP.
 SMALL_BATCH_ROWS = 2  # at 3 rows oneDNN's packed kernel is as fast, from 4 faster
@@ -70,11 +79,32 @@ def onednn_available() -> bool:
 
 
 def cpu_has_native_bf16() -> bool:
-    """True where oneDNN computes bfloat16 in hardware (avx512_bf16, AMX)."""
+    """True where oneDNN computes bfloat16 in hardware (avx512_bf16, AMX).
+
+    oneDNN's own `_is_mkldnn_bf16_supported` is also true on AVX-512F CPUs without
+    bf16 instructions, where it emulates them: measured on a 2-core AVX-512F Xeon
+    (Ice Lake, no avx512_bf16), its packed bf16 ran all of SmolLM2's linear layers
+    2.8x slower than packed float32 at 32 rows and 3x at 512. So the CPU's own
+    flags decide."""
     try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
     except (AttributeError, RuntimeError):
         return False
+    return _cpu_has_bf16_instructions()
+
+
+@functools.cache
+def _cpu_has_bf16_instructions() -> bool:
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # another torch: the kernel's view of the CPU
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = set(f.read().split())
+        except OSError:
+            return False
+        return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -105,13 +135,33 @@ def pairs_capable(weight: torch.Tensor) -> bool:
             and load_cpu_kernels() is not None and bool(torch.ops.radixlm.bf16_pairs_supported()))
 
 
+def bf16w_capable(weight: torch.Tensor) -> bool:
+    """Whether `--quantization bf16_weights` packs this weight: float32 [N, K] on the
+    CPU, N a multiple of 16 and K even, the kernels built for a CPU with AVX2 and FMA."""
+    return (weight.device.type == "cpu" and weight.dim() == 2 and weight.dtype == torch.float32
+            and weight.shape[0] % 16 == 0 and weight.shape[1] % 2 == 0
+            and bf16w_supported())
+
+
+def bf16w_supported() -> bool:
+    """Whether the kernels run float32 arithmetic over bf16 weights on this CPU."""
+    return load_cpu_kernels() is not None and bool(torch.ops.radixlm.bf16w_supported())
+
+
 def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
     """weight [N, K] → [N / 16, K / 2, 32] for `pairs_linear` (see csrc/bf16_gemm.cpp)."""
     return torch.ops.radixlm.pack_bf16_pairs(weight.detach().contiguous())
 
 
 def pairs_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [M, K] → x W^T + b, [M, N] bfloat16."""
+    """x [M, K] → x W^T + b, [M, N]: float32 for a float32 x (bf16 weights, float32
+    arithmetic), else bfloat16."""
+    if x.dtype == torch.float32:
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        if bias is not None and bias.dtype != torch.float32:
+            bias = bias.float()
+        return torch.ops.radixlm.bf16w_linear(x, packed, bias)
     if x.dtype != torch.bfloat16 or x.stride(-1) != 1:
         x = x.to(torch.bfloat16).contiguous()
     if bias is not None and bias.dtype != torch.bfloat16:

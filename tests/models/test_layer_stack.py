@@ -4,7 +4,8 @@ The stack calls the same kernels and operators in the same order, so its logits
 and the K/V it writes must equal the Python loop's bit for bit, over prefill
 chunks (with and without a cached prefix) and decode steps of several requests at
 once: in bf16 (the pairs kernel where the CPU has bf16 dot products, else oneDNN)
-and in the exact float32 mode (oneDNN-packed weights, torch's elementwise ops).
+in the exact float32 mode (oneDNN-packed weights, torch's elementwise ops) and in
+float32 over bf16 weights (--quantization bf16_weights: csrc/bf16w_gemm.cpp).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import torch
 from _forward_harness import PoolRunner, build_hf_model
 
-from radixlm.layers.cpu_gemm import can_pack, pairs_capable, prepare_model
+from radixlm.layers.cpu_gemm import bf16w_supported, can_pack, pairs_capable, prepare_model
 from radixlm.layers.cpu_kernels import load_cpu_kernels
 from radixlm.model_loader.loader import load_model
 from radixlm.models import layer_stack
@@ -29,11 +30,12 @@ def _needs_packed_weights(dtype: torch.dtype) -> None:
         pytest.skip(f"no packed {dtype} weights on this CPU (needs the kernels and oneDNN)")
 
 
-def _load(tmp_path, model_type: str, dtype: torch.dtype = torch.bfloat16):  # type: ignore[no-untyped-def]
+def _load(tmp_path, model_type: str, dtype: torch.dtype = torch.bfloat16,  # type: ignore[no-untyped-def]
+          quantization: str = "none"):
     hf = build_hf_model(model_type, **STACK)
     hf.save_pretrained(tmp_path)
     model, config = load_model(str(tmp_path), dtype, "cpu")
-    prepare_model(model, "none")
+    prepare_model(model, quantization)
     return model, config
 
 
@@ -59,12 +61,19 @@ def _run(model, config, use_stack: bool, dtype: torch.dtype = torch.bfloat16) ->
     return out, runner
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize(("dtype", "quantization"),
+                         [(torch.bfloat16, "none"), (torch.float32, "none"),
+                          (torch.float32, "bf16_weights")],
+                         ids=["bf16", "fp32", "fp32-bf16-weights"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: q/k/v biases
 def test_layer_stack_equals_the_python_loop(tmp_path, model_type: str, dtype: torch.dtype,
-                                            monkeypatch) -> None:  # type: ignore[no-untyped-def]
+                                            quantization: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     _needs_packed_weights(dtype)
-    model, config = _load(tmp_path, model_type, dtype)
+    if quantization == "bf16_weights" and not bf16w_supported():
+        pytest.skip("the kernels have no AVX2/FMA build")
+    model, config = _load(tmp_path, model_type, dtype, quantization)
+    if quantization == "bf16_weights":  # every projection takes the bf16w kernel
+        assert all(layer.mlp.down_proj._pairs is not None for layer in model.model.layers)
     calls = {"stack": 0}
     run = layer_stack.LayerStack.run
 
@@ -87,11 +96,13 @@ def test_layer_stack_equals_the_python_loop(tmp_path, model_type: str, dtype: to
 
 
 def test_a_forward_hook_or_int8_keeps_the_python_loop(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    _needs_packed_weights(torch.bfloat16)
-    model, config = _load(tmp_path, "llama")
+    bf16 = torch.zeros(16, 16, dtype=torch.bfloat16)
+    dtype = torch.bfloat16 if pairs_capable(bf16) or can_pack(bf16) else torch.float32
+    _needs_packed_weights(dtype)
+    model, config = _load(tmp_path, "llama", dtype)
     seen = []
     handle = model.model.layers[1].mlp.register_forward_hook(lambda *a: seen.append(1))
-    _run(model, config, use_stack=True)
+    _run(model, config, use_stack=True, dtype=dtype)
     assert len(seen) == 7  # the hook ran every step: the Python loop did
     handle.remove()
     assert layer_stack.stack_for(model.model) is not None
