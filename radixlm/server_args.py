@@ -34,9 +34,12 @@ class ServerArgs:
                       "computes bfloat16 natively, else float32; CUDA: bfloat16).",
                       choices=["auto", "float32", "bfloat16", "float16"])
     quantization: str = _opt("auto", "none | w8a8_int8 (int8 linear layers and LM head: weights "
-                             "per output channel at load, activations per token) | auto (what "
-                             "passes the accuracy gate on the CPU: none today).",
-                             choices=["auto", "none", "w8a8_int8"])
+                             "per output channel at load, activations per token) | "
+                             "bf16_weights (float32 arithmetic over weights rounded to "
+                             "bfloat16: half the bytes, for CPUs without bfloat16 "
+                             "arithmetic) | auto (CPU without native bfloat16: "
+                             "bf16_weights; else none).",
+                             choices=["auto", "none", "w8a8_int8", "bf16_weights"])
     device: str = _opt("cpu", "cpu | cuda.", choices=["cpu", "cuda"])
     chat_template: str | None = _opt(None, "Built-in template name or a .jinja file.")
     is_embedding: bool = _opt(False, "Serve a causal LM (Llama, Mistral, Qwen2) for embeddings "

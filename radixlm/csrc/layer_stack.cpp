@@ -19,7 +19,7 @@
 #include <tuple>
 #include <vector>
 
-// The kernels (cpu_kernels.cpp, bf16_gemm.cpp).
+// The kernels (cpu_kernels.cpp, bf16_gemm.cpp, bf16w_gemm.cpp).
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                            const at::Tensor& req_to_token, const at::Tensor& req_rows,
                            const at::Tensor& seq_lens, const at::Tensor& q_starts,
@@ -30,6 +30,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor bf16_pairs_linear(const at::Tensor& x, const at::Tensor& packed,
                              const c10::optional<at::Tensor>& bias);
+at::Tensor bf16w_linear(const at::Tensor& x, const at::Tensor& packed,
+                        const c10::optional<at::Tensor>& bias);
 
 namespace {
 
@@ -37,9 +39,14 @@ constexpr int64_t kNorms = 2;    // per layer: input_layernorm, post_attention_l
 constexpr int64_t kLinears = 4;  // per layer: qkv, o, gate_up, down
 constexpr int64_t kPairs = 0, kOneDnn = 1;  // how a linear layer's weight is packed
 
-// x W^T + b: the pairs kernel, or oneDNN's packed linear (cpu_gemm.packed_linear).
+// x W^T + b: a pairs kernel (bf16 arithmetic, or float32 over bf16 weights for a
+// float32 x: cpu_gemm.pairs_linear), or oneDNN's packed linear (cpu_gemm.packed_linear).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b,
                   int64_t kind) {
+  if (kind == kPairs && x.scalar_type() == at::kFloat) {
+    RECORD_FUNCTION("radixlm::bf16w_linear", std::vector<c10::IValue>());
+    return bf16w_linear(x, w, b);
+  }
   if (kind == kPairs) {
     RECORD_FUNCTION("radixlm::bf16_pairs_linear", std::vector<c10::IValue>());
     return bf16_pairs_linear(x, w, b);

@@ -24,6 +24,7 @@ from torch import nn
 
 from radixlm.layers.cpu_gemm import (
     Int8Weight,
+    bf16w_capable,
     can_pack,
     int8_linear,
     pack_pairs,
@@ -111,7 +112,8 @@ class _LinearBase(nn.Module):
         raise NotImplementedError
 
     def prepare_weights(self, quantization: str, keep_plain: bool = False) -> str:
-        """After loading: quantize the weight ("w8a8_int8") or pack it for oneDNN (CPU
+        """After loading: quantize the weight ("w8a8_int8"; "bf16_weights": round it to
+        bfloat16 for the pairs kernel's float32 arithmetic) or pack it for oneDNN (CPU
         float32, or bfloat16 where the CPU has it; bfloat16 for the pairs kernel where
         the CPU has bf16 dot products); keep_plain: keep the plain weight too
         where the small-batch kernel can run it. Returns "int8", "packed" or "dense".
@@ -124,6 +126,8 @@ class _LinearBase(nn.Module):
             return "packed"
         if quantization == "w8a8_int8":
             self._int8 = Int8Weight.quantize(self.weight)
+        elif quantization == "bf16_weights" and bf16w_capable(self.weight):
+            self._pairs = pack_pairs(self.weight.detach().to(torch.bfloat16))
         elif pairs_capable(self.weight):
             self._pairs = pack_pairs(self.weight)
         elif can_pack(self.weight):

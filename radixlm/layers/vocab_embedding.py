@@ -20,6 +20,7 @@ from torch import nn
 
 from radixlm.layers.cpu_gemm import (
     Int8Weight,
+    bf16w_capable,
     can_pack,
     int8_linear,
     pack_pairs,
@@ -111,7 +112,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         return self._weight_t
 
     def prepare_weights(self, quantization: str, keep_plain: bool = False) -> str:
-        """Keep an int8 ("w8a8_int8") or oneDNN-packed copy of the (possibly tied) weight
+        """Keep an int8 ("w8a8_int8"), bf16 ("bf16_weights") or packed copy of the (possibly tied) weight
         for compute_logits. Returns "int8", "packed" or "dense".
 
         The dense weight stays: a tied embedding still looks rows up in it, and with
@@ -121,6 +122,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         if self._int8 is None and self._packed is None and self._pairs is None:
             if quantization == "w8a8_int8":
                 self._int8 = Int8Weight.quantize(self.weight, self.int8_smoothing)
+            elif quantization == "bf16_weights" and bf16w_capable(self.weight):
+                self._pairs = pack_pairs(self.weight.detach().to(torch.bfloat16))
             elif pairs_capable(self.weight):
                 self._pairs = pack_pairs(self.weight)
             elif can_pack(self.weight):

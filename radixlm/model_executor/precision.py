@@ -4,12 +4,16 @@
 
 - bfloat16 weights, activations and KV cache, oneDNN-packed, where the CPU
   computes bfloat16 natively (avx512_bf16 or AMX);
-- float32 elsewhere (there bfloat16 matmuls run at a small fraction of
-  float32's speed). W8A8 int8 would be the faster choice there, but on the
-  default model it fails the accuracy gate even with SmoothQuant (93.8% top-1
-  agreement with float32, mean KL 0.012, where the gate asks >= 95% and
-  < 0.003; tests/models/test_accuracy_gate.py), so it runs only when asked
-  for (`--quantization w8a8_int8`);
+- elsewhere (there bfloat16 matmuls run at a small fraction of float32's
+  speed) float32 activations, arithmetic and KV cache over linear weights
+  rounded to bfloat16 (`bf16_weights`, csrc/bf16w_gemm.cpp) where the kernels
+  are built for the CPU (AVX2 and FMA): half the weight bytes, so a decode
+  step of a few rows runs its linear layers 2-3x faster than oneDNN's float32;
+  on the default model 99.75% top-1 agreement with float32, mean KL 0.00004
+  (tests/models/test_accuracy_gate.py asks >= 95% and < 0.003); plain float32
+  where the kernels are not built. W8A8 int8 fails that gate even with
+  SmoothQuant (93.8% top-1, mean KL 0.012), so it runs only when asked for
+  (`--quantization w8a8_int8`);
 
 and bfloat16 on CUDA. An explicit `--dtype` or `--quantization` wins;
 `--dtype float32 --quantization none` is the exact mode the equality tests use.
@@ -26,20 +30,22 @@ from typing import NamedTuple
 
 import torch
 
-from radixlm.layers.cpu_gemm import cpu_has_native_bf16
+from radixlm.layers.cpu_gemm import bf16w_supported, cpu_has_native_bf16
 
 _AUTO_ENV = "RADIXLM_AUTO_PRECISION"
 
 
 class Precision(NamedTuple):
     dtype: torch.dtype  # weights (unless quantized), activations, KV cache
-    quantization: str  # "none" | "w8a8_int8"
+    quantization: str  # "none" | "w8a8_int8" | "bf16_weights"
     reason: str  # why, for the start-up log
 
     def describe(self) -> str:
         name = str(self.dtype).removeprefix("torch.")
         if self.quantization == "w8a8_int8":
             what = f"int8 linear layers (W8A8, per-channel weights, per-token activations), {name} activations"
+        elif self.quantization == "bf16_weights":
+            what = f"bfloat16 linear weights, {name} activations and arithmetic"
         else:
             what = f"{name} weights and activations"
         return f"{what}: {self.reason}"
@@ -56,6 +62,14 @@ def resolve_precision(dtype: str, quantization: str, device: str) -> Precision:
     elif dtype != "auto":
         auto_quant = "none"  # an explicit dtype alone means no quantization
     chosen = getattr(torch, dtype) if dtype != "auto" else auto_dtype
+    if quantization == "bf16_weights" and device != "cpu":
+        raise ValueError("--quantization bf16_weights is for the CPU (its kernel is "
+                         "csrc/bf16w_gemm.cpp); on CUDA use --dtype bfloat16")
+    if auto_quant == "bf16_weights" and chosen != torch.float32:
+        if quantization == "bf16_weights":
+            raise ValueError("--quantization bf16_weights runs float32 activations over "
+                             f"bfloat16 weights: it needs --dtype float32, not {dtype}")
+        auto_quant = "none"  # an explicit --dtype bfloat16 with auto quantization
     return Precision(chosen, auto_quant, reason)
 
 
@@ -69,9 +83,17 @@ def _auto(device: str) -> tuple[torch.dtype, str, str]:
         return torch.bfloat16, "none", "--dtype auto on CUDA"
     if cpu_has_native_bf16():
         return torch.bfloat16, "none", "--dtype auto, and the CPU computes bfloat16 natively"
+    if device == "cpu" and bf16w_supported():
+        return (
+            torch.float32,
+            "bf16_weights",
+            "--dtype auto, and the CPU has no native bfloat16: float32 arithmetic over "
+            "bfloat16 weights (99.75% top-1 agreement with float32; int8 fails the "
+            "accuracy gate: 93.8%)",
+        )
     return (
         torch.float32,
         "none",
-        "--dtype auto, and the CPU has no native bfloat16 (int8 fails the accuracy gate: "
-        "93.8% top-1)",
+        "--dtype auto, the CPU has no native bfloat16 and the kernels for bfloat16 "
+        "weights are not built",
     )

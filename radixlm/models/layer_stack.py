@@ -58,7 +58,7 @@ class LayerStack:
         self.norms: list[torch.Tensor] = []
         self.packed: list[torch.Tensor] = []
         self.biases: list[torch.Tensor | None] = []
-        self.kinds: list[int] = []  # per projection: 0 the pairs kernel, 1 oneDNN
+        self.kinds: list[int] = []  # per projection: 0 a pairs kernel, 1 oneDNN
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
             self.norms += [layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data]
@@ -67,8 +67,9 @@ class LayerStack:
                 self.packed.append(proj._pairs if pairs else proj._packed)
                 self.kinds.append(0 if pairs else 1)
                 bias = None if proj.bias is None else proj.bias.data
-                # as cpu_gemm.pairs_linear and packed_linear take it
-                self.biases.append(bias.to(torch.bfloat16) if pairs and bias is not None else bias)
+                # as cpu_gemm.pairs_linear and packed_linear take it: in the activations'
+                # dtype (bf16, or float32 over bf16 weights)
+                self.biases.append(bias.to(self.dtype) if pairs and bias is not None else bias)
 
     def run(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             forward_batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor] | None:

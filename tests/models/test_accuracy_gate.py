@@ -31,7 +31,7 @@ import pytest
 import torch
 from _forward_harness import PoolRunner
 
-from radixlm.layers.cpu_gemm import cpu_has_native_bf16, prepare_model
+from radixlm.layers.cpu_gemm import bf16w_supported, cpu_has_native_bf16, prepare_model
 from radixlm.model_executor.calibration import smooth_for_int8
 from radixlm.model_loader.default_model import resolve_model_dir
 from radixlm.model_loader.loader import load_model
@@ -99,6 +99,17 @@ def test_bfloat16_passes_gate(model_dir: str, fp32_logits: torch.Tensor) -> None
     assert top1 >= MIN_AGREEMENT and kl < KL_BOUND, (top1, kl)
 
 
+@pytest.mark.skipif(not bf16w_supported(), reason="the kernels have no AVX2/FMA build")
+def test_bf16_weights_pass_gate(model_dir: str, fp32_logits: torch.Tensor) -> None:
+    """float32 arithmetic over weights rounded to bfloat16 (--quantization bf16_weights):
+    what "auto" runs on CPUs without native bfloat16."""
+    ids = _text_ids(model_dir)
+    logits = teacher_forced_logits(model_dir, ids, torch.float32, "bf16_weights", "cpu_paged")
+    top1, kl = agreement_and_kl(fp32_logits, logits)
+    print(f"\nbf16_weights: top-1 agreement {top1:.4f}, mean KL {kl:.5f} over {len(ids)} tokens")
+    assert top1 >= MIN_AGREEMENT and kl < KL_BOUND, (top1, kl)
+
+
 def test_int8_accuracy_stays_as_measured(model_dir: str, fp32_logits: torch.Tensor) -> None:
     ids = _text_ids(model_dir)
     logits = teacher_forced_logits(model_dir, ids, torch.float32, "w8a8_int8", "torch_native")
@@ -108,7 +119,8 @@ def test_int8_accuracy_stays_as_measured(model_dir: str, fp32_logits: torch.Tens
 
 
 def test_auto_precision_follows_the_gate() -> None:
-    """"auto" picks only what passes the gate: bfloat16 on native-bf16 CPUs, else float32."""
+    """"auto" picks only what passes the gate: bfloat16 on native-bf16 CPUs, else float32
+    over bfloat16 weights (plain float32 where the kernels are not built)."""
     from radixlm.model_executor.precision import resolve_precision
 
     env = os.environ.pop("RADIXLM_AUTO_PRECISION", None)
@@ -117,8 +129,11 @@ def test_auto_precision_follows_the_gate() -> None:
     finally:
         if env is not None:
             os.environ["RADIXLM_AUTO_PRECISION"] = env
-    assert precision.quantization == "none"
-    assert precision.dtype == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
+    if cpu_has_native_bf16():
+        assert precision == (torch.bfloat16, "none", precision.reason)
+    else:
+        expected = "bf16_weights" if bf16w_supported() else "none"
+        assert precision == (torch.float32, expected, precision.reason)
 
 
 def test_gate_detects_a_broken_model(model_dir: str, fp32_logits: torch.Tensor) -> None:
