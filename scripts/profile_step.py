@@ -3,7 +3,7 @@
     .venv/bin/python scripts/profile_step.py [--batch 32] [--seq-len 400] [--steps 10]
         [--configs fp32:torch_native fp32:cpu_paged bf16:cpu_paged int8:cpu_paged] [--profile]
 
-Each config is `precision:backend[:loop]` (precision fp32, bf16, int8 = W8A8 over
+Each config is `precision:backend[:loop]` (precision fp32, bf16, bf16w = float32 over bf16 weights, int8 = W8A8 over
 float32 activations, int8bf16 = W8A8 over bfloat16; `:loop` runs the decoder
 layers in the Python loop instead of the C++ layer stack, models/layer_stack.py).
 The requests start with `--seq-len` tokens of random K/V in the pool, then decode
@@ -34,13 +34,15 @@ from radixlm.model_loader.loader import load_model  # noqa: E402
 PRECISIONS = {
     "fp32": (torch.float32, "none"),
     "bf16": (torch.bfloat16, "none"),
+    "bf16w": (torch.float32, "bf16_weights"),
     "int8": (torch.float32, "w8a8_int8"),
     "int8bf16": (torch.bfloat16, "w8a8_int8"),
 }
 CATEGORIES = [
     ("attention", ("paged_attention", "index_select", "scaled_dot_product", "flash_attention",
                    "index_put", "_softmax", "bmm")),
-    ("linear layers", ("_linear_pointwise", "_int_mm", "int8_linear", "quantize", "linear")),
+    ("linear layers", ("_linear_pointwise", "_int_mm", "int8_linear", "quantize", "linear",
+                       "pairs_linear", "bf16w_linear")),
 ]
 
 
