@@ -266,4 +266,10 @@ def prepare_model(model: nn.Module, quantization: str = "none") -> tuple[int, in
     counts = {"int8": 0, "packed": 0, "dense": 0}
     for module in modules:
         counts[module.prepare_weights(quantization, keep_plain)] += 1
+    # bf16_weights is not the exact mode: its float32 norms, rotary and SiLU may take
+    # the fused kernels (cpu_kernels.use_fused_cpu_kernel) instead of torch's ~15
+    # operators a layer, a third of a one-request step.
+    for module in model.modules():
+        if hasattr(module, "fuse_float32"):
+            setattr(module, "fuse_float32", quantization == "bf16_weights")  # noqa: B010
     return counts["int8"], counts["packed"]

@@ -117,12 +117,16 @@ def load_cpu_kernels() -> ModuleType | None:
     return module
 
 
-def use_fused_cpu_kernel(x: torch.Tensor) -> bool:
-    """Whether the fused elementwise kernels (silu_and_mul, add_rms_norm) take `x`: CPU
-    tensors in bfloat16 or half when the kernels are built. float32 keeps torch's own
-    operators, so the exact mode stays exactly what transformers computes."""
-    return (x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16)
-            and not torch.jit.is_scripting() and load_cpu_kernels() is not None)
+def use_fused_cpu_kernel(x: torch.Tensor, fuse_float32: bool = False) -> bool:
+    """Whether the fused elementwise kernels (silu_and_mul, add_rms_norm,
+    rotary_embedding) take `x`: CPU tensors in bfloat16 or half when the kernels are
+    built, and float32 ones where the layer's `fuse_float32` is set (the bf16_weights
+    mode, which `cpu_gemm.prepare_model` marks: not exact anyway, so its float32
+    elementwise steps need not be torch's). Plain float32 keeps torch's own operators,
+    so the exact mode stays exactly what transformers computes."""
+    wanted = x.dtype in (torch.bfloat16, torch.float16) or (fuse_float32 and x.dtype == torch.float32)
+    return (x.device.type == "cpu" and wanted and not torch.jit.is_scripting()
+            and load_cpu_kernels() is not None)
 
 
 def main() -> None:

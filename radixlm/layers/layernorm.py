@@ -12,6 +12,8 @@ from radixlm.layers.cpu_kernels import use_fused_cpu_kernel
 class RMSNorm(nn.Module):
     """`weight * x / sqrt(mean(x^2) + eps)` over the last dimension (Hugging Face name: weight)."""
 
+    fuse_float32 = False  # float32 residual adds through the fused kernel (bf16_weights)
+
     def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
         super().__init__()
         self.hidden_size = hidden_size
@@ -25,7 +27,7 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(norm(x + residual), x + residual)`: the pre-norm block's residual stream."""
-        if (x.dim() == 2 and use_fused_cpu_kernel(x) and residual.dtype == x.dtype
+        if (x.dim() == 2 and use_fused_cpu_kernel(x, self.fuse_float32) and residual.dtype == x.dtype
                 and self.weight.dtype == x.dtype):
             normed, summed = torch.ops.radixlm.add_rms_norm(
                 x, residual.contiguous(), self.weight, self.eps)

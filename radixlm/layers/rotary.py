@@ -127,11 +127,13 @@ class RotaryEmbedding(nn.Module):
         return cos, sin
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 fuse_float32: bool = False) -> torch.Tensor:
     """Rotate x [T, n, D] by cos/sin [T, 1, D / 2]; returns a new contiguous [T, n, D].
 
-    bfloat16/half on the CPU: one pass of the C++ kernel (torch's 7 operators)."""
-    if (use_fused_cpu_kernel(x) and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+    bfloat16/half on the CPU (float32 too with fuse_float32, see
+    cpu_kernels.use_fused_cpu_kernel): one pass of the C++ kernel (torch's 7 operators)."""
+    if (use_fused_cpu_kernel(x, fuse_float32) and x.stride(2) == 1 and x.stride(1) == x.shape[2]
             and cos.dtype == x.dtype):
         return torch.ops.radixlm.rotary_embedding(x, cos, sin)
     x1, x2 = x.chunk(2, dim=-1)  # each [T, n, D / 2]

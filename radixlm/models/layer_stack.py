@@ -53,8 +53,10 @@ class LayerStack:
         self.head_dim = first.head_dim
         self.eps = float(layers[0].input_layernorm.eps)
         self.dtype = layers[0].input_layernorm.weight.dtype
-        # The fused elementwise kernels where the Python layers take them (bf16).
-        self.fused = use_fused_cpu_kernel(layers[0].input_layernorm.weight)
+        # The fused elementwise kernels where the Python layers take them (bf16, and
+        # float32 in the bf16_weights mode).
+        norm = layers[0].input_layernorm
+        self.fused = use_fused_cpu_kernel(norm.weight, norm.fuse_float32)
         self.norms: list[torch.Tensor] = []
         self.packed: list[torch.Tensor] = []
         self.biases: list[torch.Tensor | None] = []

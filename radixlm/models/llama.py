@@ -84,6 +84,8 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaAttention(nn.Module):
+    fuse_float32 = False  # float32 rotary through the fused kernel (bf16_weights)
+
     def __init__(self, config: Any, layer_id: int, dtype: torch.dtype, biases: Biases) -> None:
         super().__init__()
         self.layer_id = layer_id
@@ -120,7 +122,7 @@ class LlamaAttention(nn.Module):
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, (H + 2 * Hkv) * D]
         qk = qkv[:, : self.qk_size].view(num_tokens, -1, self.head_dim)  # [T, H + Hkv, D]
-        qk = apply_rotary(qk, cos, sin)  # [T, H + Hkv, D]
+        qk = apply_rotary(qk, cos, sin, self.fuse_float32)  # [T, H + Hkv, D]
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # [T, H, D], [T, Hkv, D]
         v = qkv[:, self.qk_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         out = backend.forward(q, k, v, self.layer_id, forward_batch)  # [T, H * D]

@@ -152,33 +152,46 @@ def test_add_rms_norm_matches_torch(dtype: torch.dtype, num_rows: int) -> None:
     torch.testing.assert_close(normed.float(), reference, rtol=tolerance, atol=tolerance)
 
 
-def test_layers_take_the_fused_kernels_in_bfloat16_only() -> None:
+@pytest.mark.parametrize(("dtype", "fuse_float32"),
+                         [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)],
+                         ids=["fp32-exact", "fp32-fused", "bf16"])
+def test_layers_take_the_fused_kernels_in_bfloat16_or_where_marked(
+        dtype: torch.dtype, fuse_float32: bool) -> None:
     """bfloat16 modules take the fused kernels (same results as torch's ops up to one
-    rounding); float32 modules keep torch's ops, so the exact mode stays exact."""
+    rounding), and so do float32 ones marked fuse_float32 (the bf16_weights mode); plain
+    float32 modules keep torch's ops, so the exact mode stays exact."""
     from radixlm.layers.activation import SiluAndMul
     from radixlm.layers.layernorm import RMSNorm
 
     torch.manual_seed(0)
-    for dtype in (torch.float32, torch.bfloat16):
-        norm = RMSNorm(64, 1e-6, dtype)
-        norm.weight.data.normal_()
-        x, residual = torch.randn(8, 64).to(dtype), torch.randn(8, 64).to(dtype)
-        normed, summed = norm.add_and_norm(x, residual)
-        expected = F.rms_norm(x + residual, (64,), norm.weight, 1e-6)
-        if dtype == torch.float32:
-            assert torch.equal(normed, expected) and torch.equal(summed, x + residual)
-        else:
-            torch.testing.assert_close(normed, expected, rtol=1e-2, atol=1e-2)
-        gate_up = torch.randn(8, 128).to(dtype)
-        out = SiluAndMul()(gate_up)
-        if dtype == torch.float32:
-            assert torch.equal(out, F.silu(gate_up[:, :64]) * gate_up[:, 64:])
-        else:
-            torch.testing.assert_close(out, F.silu(gate_up[:, :64]) * gate_up[:, 64:],
-                                       rtol=2e-2, atol=2e-2)
+    exact = dtype == torch.float32 and not fuse_float32
+    norm = RMSNorm(64, 1e-6, dtype)
+    norm.fuse_float32 = fuse_float32
+    norm.weight.data.normal_()
+    x, residual = torch.randn(8, 64).to(dtype), torch.randn(8, 64).to(dtype)
+    normed, summed = norm.add_and_norm(x, residual)
+    expected = F.rms_norm(x + residual, (64,), norm.weight, 1e-6)
+    fused_normed, fused_summed = torch.ops.radixlm.add_rms_norm(x, residual, norm.weight, 1e-6)
+    if exact:
+        assert torch.equal(normed, expected) and torch.equal(summed, x + residual)
+    else:
+        assert torch.equal(normed, fused_normed) and torch.equal(summed, fused_summed)
+        tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(normed, expected, rtol=tolerance, atol=tolerance)
+    gate_up = torch.randn(8, 128).to(dtype)
+    act = SiluAndMul()
+    act.fuse_float32 = fuse_float32
+    out, reference = act(gate_up), F.silu(gate_up[:, :64]) * gate_up[:, 64:]
+    if exact:
+        assert torch.equal(out, reference)
+    else:
+        assert torch.equal(out, torch.ops.radixlm.silu_and_mul(gate_up))
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(out, reference, rtol=tolerance, atol=tolerance)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32],
+                         ids=["bf16", "fp16", "fp32-fused"])
 @pytest.mark.parametrize("num_tokens", [1, 7, 300])
 def test_rotary_embedding_matches_torch(dtype: torch.dtype, num_tokens: int) -> None:
     from radixlm.layers.rotary import apply_rotary
@@ -191,13 +204,18 @@ def test_rotary_embedding_matches_torch(dtype: torch.dtype, num_tokens: int) -> 
     angles = positions[:, None].float() * torch.rand(head_dim // 2)  # [T, D / 2]
     cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(dtype)
     cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D / 2] each
-    out = apply_rotary(x, cos, sin)
+    out = apply_rotary(x, cos, sin, fuse_float32=True)  # (float32: the bf16_weights mode)
     assert torch.equal(out, torch.ops.radixlm.rotary_embedding(x, cos, sin))  # the fused pass
     assert out.is_contiguous() and out.shape == x.shape and out.dtype == dtype
     x1, x2 = x.double().chunk(2, dim=-1)
     c, s = cos.double(), sin.double()
     reference = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
-    torch.testing.assert_close(out.double(), reference, rtol=8e-3, atol=2e-2)
+    tolerance = (1e-5, 1e-5) if dtype == torch.float32 else (8e-3, 2e-2)
+    torch.testing.assert_close(out.double(), reference, rtol=tolerance[0], atol=tolerance[1])
+    if dtype == torch.float32:  # unmarked, the exact mode: torch's operators
+        x1, x2 = x.chunk(2, dim=-1)
+        assert torch.equal(apply_rotary(x, cos, sin),
+                           torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

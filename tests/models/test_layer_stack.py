@@ -72,8 +72,15 @@ def test_layer_stack_equals_the_python_loop(tmp_path, model_type: str, dtype: to
     if quantization == "bf16_weights" and not bf16w_supported():
         pytest.skip("the kernels have no AVX2/FMA build")
     model, config = _load(tmp_path, model_type, dtype, quantization)
-    if quantization == "bf16_weights":  # every projection takes the bf16w kernel
-        assert all(layer.mlp.down_proj._pairs is not None for layer in model.model.layers)
+    if quantization == "bf16_weights":  # every projection takes the bf16w kernel, and
+        # the float32 norms, rotary and SiLU the fused kernels, in both loops
+        assert all(layer.mlp.down_proj._pairs is not None and layer.self_attn.fuse_float32
+                   and layer.mlp.act_fn.fuse_float32 and layer.input_layernorm.fuse_float32
+                   for layer in model.model.layers)
+        stack = layer_stack.stack_for(model.model)
+        assert stack is not None and stack.fused
+    else:
+        assert not model.model.layers[0].input_layernorm.fuse_float32
     calls = {"stack": 0}
     run = layer_stack.LayerStack.run
 
