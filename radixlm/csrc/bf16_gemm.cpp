@@ -8,14 +8,13 @@
 // products summed into each float lane). A tile of kRowsMax rows x 3 groups (48
 // columns) keeps its 24 accumulators in registers over all of K: per k pair, 3
 // weight loads, one broadcast of each row's x pair, 24 dot products. Threads
-// split the column tiles (claim_parallel.h); the weight tile stays in L2 while
-// every row tile uses it.
+// split the column tiles and each runs over the rows (pairs_tiles.h).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
-#include "claim_parallel.h"
+#include "pairs_tiles.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -75,27 +74,6 @@ inline void tile(const c10::BFloat16* x, int64_t x_stride, const uint32_t* w, in
   }
 }
 
-template <int64_t kGroups>
-inline void tile_rows(int64_t rows, const c10::BFloat16* x, int64_t x_stride, const uint32_t* w,
-                      int64_t group_stride, int64_t pairs, const c10::BFloat16* bias,
-                      c10::BFloat16* out, int64_t out_stride, const uint32_t* next) {
-  switch (rows) {
-#define RADIXLM_TILE(R) \
-  case R:               \
-    return tile<R, kGroups>(x, x_stride, w, group_stride, pairs, bias, out, out_stride, next);
-    RADIXLM_TILE(1)
-    RADIXLM_TILE(2)
-    RADIXLM_TILE(3)
-    RADIXLM_TILE(4)
-    RADIXLM_TILE(5)
-    RADIXLM_TILE(6)
-    RADIXLM_TILE(7)
-    RADIXLM_TILE(8)
-#undef RADIXLM_TILE
-    default:
-      TORCH_CHECK(false, "bf16 tile of ", rows, " rows");
-  }
-}
 #endif
 
 }  // namespace
@@ -133,30 +111,10 @@ at::Tensor bf16_pairs_linear(const at::Tensor& x, const at::Tensor& packed,
   const auto* xp = x.data_ptr<c10::BFloat16>();
   const auto* wp = reinterpret_cast<const uint32_t*>(packed.data_ptr<c10::BFloat16>());
   auto* op = out.data_ptr<c10::BFloat16>();
-  const int64_t x_stride = x.stride(0), group_stride = pairs * kGroup;
-  const int64_t tiles = (groups + kTileGroups - 1) / kTileGroups;
-  radixlm::claim_parallel(tiles, [&](int64_t t, int64_t range_end) {
-    const int64_t g0 = t * kTileGroups, ng = std::min(kTileGroups, groups - g0);
-    const uint32_t* w = wp + g0 * group_stride;
-    const c10::BFloat16* bt = b ? b + g0 * kGroup : nullptr;
-    // The next tile's groups that exist (a last partial tile: its first groups).
-    const uint32_t* next = t + 1 < range_end && g0 + 2 * kTileGroups <= groups
-                               ? w + kTileGroups * group_stride
-                               : nullptr;
-    for (int64_t r0 = 0; r0 < m; r0 += kRowsMax) {
-      const int64_t rows = std::min(kRowsMax, m - r0);
-      const c10::BFloat16* xr = xp + r0 * x_stride;
-      c10::BFloat16* o = op + r0 * n + g0 * kGroup;
-      const uint32_t* pf = r0 == 0 ? next : nullptr;
-      if (ng == 3) {
-        tile_rows<3>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
-      } else if (ng == 2) {
-        tile_rows<2>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
-      } else {
-        tile_rows<1>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
-      }
-    }
-  });
+  radixlm::for_each_tile<kTileGroups, kRowsMax>(
+      xp, x.stride(0), m, wp, groups, pairs, b, op, [](auto rows, auto tile_groups, auto... args) {
+        tile<decltype(rows)::value, decltype(tile_groups)::value>(args...);
+      });
   return out;
 #else
   (void)x, (void)packed, (void)bias;

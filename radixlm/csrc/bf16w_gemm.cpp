@@ -15,7 +15,7 @@
 // all of K; each row is summed in the same order whatever the batch around it.
 #include <torch/extension.h>
 
-#include "claim_parallel.h"
+#include "pairs_tiles.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -113,32 +113,6 @@ inline void tile(const float* x, int64_t x_stride, const uint32_t* w, int64_t gr
   }
 }
 
-template <int64_t kGroups>
-inline void tile_rows(int64_t rows, const float* x, int64_t x_stride, const uint32_t* w,
-                      int64_t group_stride, int64_t pairs, const float* bias, float* out,
-                      int64_t out_stride, const uint32_t* next) {
-  switch (rows) {
-#define RADIXLM_TILE(R)                                                                    \
-  case R:                                                                                  \
-    if constexpr (R <= Isa::kRowsMax) {                                                    \
-      return tile<R, kGroups>(x, x_stride, w, group_stride, pairs, bias, out, out_stride, \
-                              next);                                                       \
-    }                                                                                      \
-    break;
-    RADIXLM_TILE(1)
-    RADIXLM_TILE(2)
-    RADIXLM_TILE(3)
-    RADIXLM_TILE(4)
-    RADIXLM_TILE(5)
-    RADIXLM_TILE(6)
-    RADIXLM_TILE(7)
-    RADIXLM_TILE(8)
-#undef RADIXLM_TILE
-    default:
-      break;
-  }
-  TORCH_CHECK(false, "bf16w tile of ", rows, " rows");
-}
 #endif
 
 }  // namespace
@@ -166,33 +140,10 @@ at::Tensor bf16w_linear(const at::Tensor& x, const at::Tensor& packed,
   const float* xp = x.data_ptr<float>();
   const auto* wp = reinterpret_cast<const uint32_t*>(packed.data_ptr<c10::BFloat16>());
   float* op = out.data_ptr<float>();
-  const int64_t x_stride = x.stride(0), group_stride = pairs * kGroup;
-  constexpr int64_t kTile = Isa::kTileGroups;
-  const int64_t tiles = (groups + kTile - 1) / kTile;
-  radixlm::claim_parallel(tiles, [&](int64_t t, int64_t range_end) {
-    const int64_t g0 = t * kTile, ng = std::min(kTile, groups - g0);
-    const uint32_t* w = wp + g0 * group_stride;
-    const float* bt = b ? b + g0 * kGroup : nullptr;
-    const uint32_t* next =
-        t + 1 < range_end && g0 + 2 * kTile <= groups ? w + kTile * group_stride : nullptr;
-    for (int64_t r0 = 0; r0 < m; r0 += Isa::kRowsMax) {
-      const int64_t rows = std::min(Isa::kRowsMax, m - r0);
-      const float* xr = xp + r0 * x_stride;
-      float* o = op + r0 * n + g0 * kGroup;
-      const uint32_t* pf = r0 == 0 ? next : nullptr;
-      if constexpr (kTile == 3) {
-        if (ng == 3) {
-          tile_rows<3>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
-        } else if (ng == 2) {
-          tile_rows<2>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
-        } else {
-          tile_rows<1>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
-        }
-      } else {
-        tile_rows<1>(rows, xr, x_stride, w, group_stride, pairs, bt, o, n, pf);
-      }
-    }
-  });
+  radixlm::for_each_tile<Isa::kTileGroups, Isa::kRowsMax>(
+      xp, x.stride(0), m, wp, groups, pairs, b, op, [](auto rows, auto tile_groups, auto... args) {
+        tile<decltype(rows)::value, decltype(tile_groups)::value>(args...);
+      });
   return out;
 #else
   (void)x, (void)packed, (void)bias;

@@ -35,7 +35,8 @@ _SOURCES = [
     os.path.join(os.path.dirname(os.path.dirname(__file__)), "csrc", name)
     for name in ("cpu_kernels.cpp", "bf16_gemm.cpp", "bf16w_gemm.cpp", "layer_stack.cpp")
 ]
-_HEADERS = [os.path.join(os.path.dirname(_SOURCES[0]), "claim_parallel.h")]
+_HEADERS = [os.path.join(os.path.dirname(_SOURCES[0]), name)
+            for name in ("claim_parallel.h", "pairs_tiles.h")]
 _DISABLE_ENV = "RADIXLM_DISABLE_CPU_KERNELS"
 
 

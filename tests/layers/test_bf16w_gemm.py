@@ -1,41 +1,16 @@
 """float32 arithmetic over bf16 weights (csrc/bf16w_gemm.cpp, `--quantization
-bf16_weights`) against float64 references over the same rounded weights: the kernel,
-the linear layers and the LM head that take it, and the precision flags that pick it."""
+bf16_weights`) against float64 references over the same rounded weights: the linear
+layers and the LM head that take it, and the precision flags that pick it (the kernel
+itself: test_pairs_kernels.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from radixlm.layers.cpu_gemm import bf16w_capable, bf16w_supported, pack_pairs, pairs_linear
+from radixlm.layers.cpu_gemm import bf16w_capable, bf16w_supported
 
 pytestmark = pytest.mark.skipif(not bf16w_supported(), reason="no AVX2/FMA build of the kernels")
-
-
-@pytest.mark.parametrize("num_cols", [16, 32, 48, 80, 96])  # 1, 2, 3, 5, 6 groups of 16
-def test_bf16w_linear_matches_float64(num_cols: int) -> None:
-    torch.manual_seed(0)
-    weight = (torch.randn(num_cols, 96) * 0.1).to(torch.bfloat16)
-    packed = pack_pairs(weight)
-    bias = torch.randn(num_cols)
-    x_all = torch.randn(100, 160)[:, 32:128]  # strided rows
-    for rows in (1, 2, 3, 5, 6, 8, 9, 17, 33, 100):  # tiles of 5 (AVX2) or 8 rows + remainders
-        x = x_all[:rows]
-        for b in (None, bias):
-            out = pairs_linear(x, packed, b)
-            assert out.shape == (rows, num_cols) and out.dtype == torch.float32
-            reference = x.double() @ weight.double().t() + (0 if b is None else b.double())
-            torch.testing.assert_close(out.double(), reference, rtol=1e-5, atol=1e-5)
-    # Each row is computed the same way whatever the batch and the thread count.
-    full = pairs_linear(x_all, packed, bias)
-    assert torch.equal(pairs_linear(x_all[5:6], packed, bias), full[5:6])
-    assert torch.equal(pairs_linear(x_all[3:40], packed, bias), full[3:40])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(pairs_linear(x_all, packed, bias), full)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_linear_layers_and_the_lm_head_take_bf16_weights() -> None:

@@ -259,32 +259,3 @@ def test_linear_takes_the_pairs_or_the_small_batch_kernel() -> None:
         x = torch.randn(rows, 64).to(torch.bfloat16)
         reference = x.float() @ dense.float().t() + layer.bias.float()
         torch.testing.assert_close(layer(x).float(), reference, rtol=2e-2, atol=2e-2)
-
-
-@pytest.mark.parametrize("num_cols", [16, 32, 48, 80, 96])  # 1, 2, 3, 5, 6 groups of 16
-def test_bf16_pairs_linear_matches_torch(num_cols: int) -> None:
-    from radixlm.layers.cpu_gemm import pack_pairs, pairs_capable, pairs_linear
-
-    torch.manual_seed(0)
-    weight = (torch.randn(num_cols, 96) * 0.1).to(torch.bfloat16)
-    if not pairs_capable(weight):
-        pytest.skip("no AVX512_BF16 on this CPU")
-    packed = pack_pairs(weight)
-    bias = torch.randn(num_cols).to(torch.bfloat16)
-    x_all = torch.randn(100, 160).to(torch.bfloat16)[:, 32:128]  # strided rows
-    for rows in (1, 2, 3, 8, 9, 17, 33, 100):  # tiles of 8 rows and their remainders
-        x = x_all[:rows]
-        for b in (None, bias):
-            out = pairs_linear(x, packed, b)
-            assert out.shape == (rows, num_cols) and out.dtype == torch.bfloat16
-            reference = x.double() @ weight.double().t() + (0 if b is None else b.double())
-            torch.testing.assert_close(out.double(), reference, rtol=1e-2, atol=1e-2)
-    # Each row is computed the same way whatever the batch and the thread count.
-    full = pairs_linear(x_all, packed, bias)
-    assert torch.equal(pairs_linear(x_all[5:6], packed, bias), full[5:6])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(pairs_linear(x_all, packed, bias), full)
-    finally:
-        torch.set_num_threads(threads)
