@@ -575,18 +575,19 @@ void attend_block(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf, 
                   int64_t nrows, int64_t kv_head, int64_t num_heads, int64_t num_kv_heads,
                   float scale, BlockScratch& s) {
   static_assert(kD % kVec == 0, "the blocked kernel needs a head dim of whole vectors");
+  // bf16 queries and K/V on a CPU with bf16 dot products: the pairs path.
+  constexpr bool kPairs = kHasBf16Dot && std::is_same_v<qT, c10::BFloat16> &&
+                          std::is_same_v<kvT, c10::BFloat16>;
   // Score rows at a time: as many as keep the accumulators in registers (32 vector
-  // registers with AVX-512, 16 half as wide without).
-  constexpr int64_t kPair = kVectorRegisters >= 32 ? (kD <= 64 ? 4 : 2) : 1;
+  // registers with AVX-512, 16 half as wide without): float at head dim 64, 6 rows x
+  // 4 vectors of scores or values and 4 of the key or value block's.
+  constexpr int64_t kPair = kVectorRegisters >= 32 ? (kD <= 64 ? (kPairs ? 4 : 6) : 2) : 1;
   const int64_t group = num_heads / num_kv_heads;
   const int64_t rows = nrows * group;  // score rows: (query row i, head g) at i * group + g
   const int64_t first_pos = seq_len - q_len + row0;  // position of query row row0
   const int64_t num_keys = first_pos + nrows;  // keys any row of the task sees
   const int64_t kv_stride = num_kv_heads * kD;
   const int64_t padded = (rows + kPair - 1) / kPair * kPair;
-  // bf16 queries and K/V on a CPU with bf16 dot products: the pairs path.
-  constexpr bool kPairs = kHasBf16Dot && std::is_same_v<qT, c10::BFloat16> &&
-                          std::is_same_v<kvT, c10::BFloat16>;
   s.acc.assign(padded * kD, 0.0f);
   s.m.assign(padded, -std::numeric_limits<float>::infinity());
   s.l.assign(padded, 0.0f);

@@ -8,10 +8,11 @@
 // run in the same order on the same arguments, called from C++ (each kernel in a
 // profiler scope of its operator's name), so the result
 // is bit for bit the Python loop's (tests/models/test_layer_stack.py) at a
-// fraction of the overhead: bf16 steps with the fused elementwise kernels
-// (silu_and_mul, add_rms_norm, rotary_embedding), float32 steps with torch's
-// operators as layers/*.py spell them (the exact mode stays what transformers
-// computes). models/layer_stack.py decides when a step may take this path.
+// fraction of the overhead: bf16 steps (and float32 ones over bf16 weights) with
+// the fused elementwise kernels (silu_and_mul, add_rms_norm, rotary_embedding),
+// exact float32 steps with torch's operators as layers/*.py spell them (the exact
+// mode stays what transformers computes). models/layer_stack.py decides when a
+// step may take this path and whether it is fused.
 #include <torch/extension.h>
 
 #include <ATen/record_function.h>
@@ -100,7 +101,7 @@ at::Tensor silu_mul(const at::Tensor& x, bool fused) {
 // hidden [T, hidden] bf16 or float32 (the embeddings); cos, sin [T, 1, D / 2] in
 // hidden's dtype; per layer l:
 // norms[2l .. 2l + 2), packed, biases and kinds [4l .. 4l + 4) (see the constants
-// above), k_bufs[l], v_bufs[l]; fused: the fused elementwise kernels (bf16); the
+// above), k_bufs[l], v_bufs[l]; fused: the fused elementwise kernels; the
 // attention arguments of paged_attention for every row of the step. Writes each
 // layer's K and V at out_cache_loc and returns (hidden, residual) after the last
 // layer, which the final norm adds: what LlamaModel's loop returns.

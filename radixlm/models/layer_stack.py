@@ -6,7 +6,8 @@ kernels together, and does so slowly: ~150 us a layer of module calls and
 operator dispatch, ~5 ms of a 17 ms one-request bf16 decode step at 30 layers.
 `LayerStack.run` hands the whole loop to C++, which calls the same kernels and
 operators in the same order on the same arguments: the result is the Python
-loop's, bit for bit, in bf16 and in the exact float32 mode alike.
+loop's, bit for bit, in bf16, in float32 over bf16 weights and in the exact float32
+mode alike.
 
 A model takes this path when `stack_for` finds it eligible (bf16 or float32 on
 the CPU, one tensor-parallel rank, every projection packed, none int8 or with a
