@@ -237,11 +237,15 @@ def test_6_huge_prompts_neither_block_the_loop_nor_get_tokenized(hard: Hardened)
     ]
     # Tokenizing 1 MiB here takes ~2 s, in a worker thread.
     jobs = too_long + [("/v1/tokenize", {"prompt": huge[: 1 << 20]})]
+    # Encoded up front: json.dumps in the sender threads would hold this process's
+    # GIL for ~0.1-0.25 s a body, delaying the /health probes below as well.
+    bodies = [json.dumps(body).encode() for _, body in jobs]
     results: dict[int, tuple[float, httpx.Response]] = {}
 
     def send(i: int) -> None:
         start = time.monotonic()
-        r = httpx.post(hard.srv.url + jobs[i][0], json=jobs[i][1], timeout=120)
+        r = httpx.post(hard.srv.url + jobs[i][0], content=bodies[i], timeout=120,
+                       headers={"Content-Type": "application/json"})
         results[i] = (time.monotonic() - start, r)
 
     busy = [threading.Thread(target=send, args=(i,)) for i in range(len(jobs))]
