@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/profile_step.py [--batch 32] [--seq-len 400] [--steps 10]
         [--configs fp32:torch_native fp32:cpu_paged bf16:cpu_paged int8:cpu_paged] [--profile]
+    .venv/bin/python scripts/profile_step.py --prefill 2000 [--chunk 512] ...
 
 Each config is `precision:backend[:loop]` (precision fp32, bf16, bf16w = float32 over bf16 weights, int8 = W8A8 over
 float32 activations, int8bf16 = W8A8 over bfloat16; `:loop` runs the decoder
@@ -9,7 +10,9 @@ layers in the Python loop instead of the C++ layer stack, models/layer_stack.py)
 The requests start with `--seq-len` tokens of random K/V in the pool, then decode
 `--steps` steps; the configs run in turn, `--rounds` times, so their ratios are
 measured side by side even on a busy machine. `--profile` adds torch.profiler's split of one step's time
-(attention, linear layers, LM head, the rest).
+(attention, linear layers, LM head, the rest). `--prefill N` times one request's
+prompt of N tokens instead, in chunks of `--chunk` (the server's
+--chunked-prefill-size), as a server's TTFT would spend it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -87,16 +91,31 @@ def decode_steps(runner: PoolRunner, rows: list[int], steps: int) -> float:
     return statistics.median(times)
 
 
-def profile_split(runner: PoolRunner, rows: list[int]) -> dict[str, float]:
+def prefill(runner: PoolRunner, row: int, tokens: int, chunk: int) -> float:
+    """Seconds to prefill request `row` (empty) with `tokens` tokens, `chunk` a step;
+    its KV is freed afterwards so rounds repeat."""
+    ids = [(7 * i) % 1000 + 10 for i in range(tokens)]
+    t = time.perf_counter()
+    for start in range(0, tokens, chunk):
+        runner.step([(row, ids[start : start + chunk])], last_only=True)
+    elapsed = time.perf_counter() - t
+    runner.kv.free(runner.rows.req_to_token[row, : runner.cached[row]].clone())
+    runner.cached[row] = 0
+    return elapsed
+
+
+def profile_split(runner: PoolRunner, rows: list[int],
+                  run: Callable[[], object] | None = None) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        decode_steps(runner, rows, 3)
+        if run is not None:
+            run()
+        else:
+            decode_steps(runner, rows, 3)
     total = 0.0
     split: dict[str, float] = {}
     for event in prof.key_averages():
-        if event.key.startswith("aten::") or event.key.startswith("mkldnn::") or "radixlm" in event.key:
-            pass
         self_us = event.self_cpu_time_total
         total += self_us
         name = event.key.lower()
@@ -118,25 +137,42 @@ def main() -> None:
                    default=["fp32:torch_native", "fp32:cpu_paged", "bf16:cpu_paged",
                             "int8:cpu_paged"])
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--prefill", type=int, default=0, metavar="N",
+                   help="time one N-token prompt's prefill instead of decode steps")
+    p.add_argument("--chunk", type=int, default=512)
     args = p.parse_args()
     torch.set_grad_enabled(False)
     print(f"threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', 'default')}, batch {args.batch}, "
           f"seq {args.seq_len}")
-    built = {c: build(c, args.batch, args.seq_len, args.steps) for c in args.configs}
+    if args.prefill:  # one request, its own KV only
+        built = {c: build(c, 1, args.prefill, 0) for c in args.configs}
+        for runner, rows in built.values():
+            runner.kv.free(runner.rows.req_to_token[rows[0], : runner.cached[rows[0]]].clone())
+            runner.cached[rows[0]] = 0
+
+        def measure(runner: PoolRunner, rows: list[int]) -> float:
+            return prefill(runner, rows[0], args.prefill, args.chunk)
+    else:
+        built = {c: build(c, args.batch, args.seq_len, args.steps) for c in args.configs}
+
+        def measure(runner: PoolRunner, rows: list[int]) -> float:
+            return decode_steps(runner, rows, args.steps)
     results: dict[str, list[float]] = {c: [] for c in args.configs}
     for _ in range(args.rounds):
         for c, (runner, rows) in built.items():
-            results[c].append(decode_steps(runner, rows, args.steps))
+            results[c].append(measure(runner, rows))
     base = statistics.median(results[args.configs[0]])
-    print(f"{'config':<22}{'step ms':>10}{'vs first':>10}  rounds (ms)")
+    unit = f"prefill {args.prefill} ms" if args.prefill else "step ms"
+    print(f"{'config':<22}{unit:>10}{'vs first':>10}  rounds (ms)")
     for c, times in results.items():
         med = statistics.median(times)
         print(f"{c:<22}{med * 1e3:>10.1f}{base / med:>9.2f}x  "
               + " ".join(f"{t * 1e3:.1f}" for t in times))
     if args.profile:
         for c, (runner, rows) in built.items():
-            split = profile_split(runner, rows)
+            split = profile_split(runner, rows, (lambda r=runner, q=rows: measure(r, q))
+                                  if args.prefill else None)
             print(c, ", ".join(f"{k} {v:.0f}%" for k, v in split.items()))
 
 

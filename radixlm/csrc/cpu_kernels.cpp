@@ -19,8 +19,9 @@
 //
 // Plain C++ loops written so the compiler vectorizes them for the CPU it is
 // built on (the set-up builds it per machine, -march=native). Where accumulators
-// must stay in registers, they are GCC/Clang vector-extension types (f32x16),
-// which the compiler maps to the CPU's vectors. One exception: on CPUs with
+// must stay in registers, they are GCC/Clang vector-extension types (f32x16; the
+// blocked prefill path's bvec, one register wide), which the compiler maps to the
+// CPU's vectors. One exception: on CPUs with
 // AVX512_BF16 the blocked prefill kernel's two products over bfloat16 K/V use its
 // bf16 dot-product instruction (vdpbf16ps, two bf16 products summed into each
 // float lane: twice the fp32 FMA rate), which no compiler emits by itself.
@@ -383,45 +384,101 @@ inline float block_row_max(const float* x, int64_t n) {
   return m;
 }
 
+// The float block path's vectors: one register each (16 floats with AVX-512, 8 with
+// AVX2), and at most kBlockVecs of them in a row's accumulators at once, so that
+// kPair rows of accumulators, the block's vectors and a broadcast fit the
+// registers. (f32x16 on AVX2, two ymm each, left too few for more than one row.)
+#ifdef __AVX512F__
+constexpr int64_t kBVec = 16;
+constexpr int64_t kBlockVecs = 8;
+#else
+constexpr int64_t kBVec = 8;
+constexpr int64_t kBlockVecs = 4;
+#endif
+typedef float bvec __attribute__((vector_size(kBVec * sizeof(float))));
+
+inline bvec loadb(const float* p) {
+  bvec v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void storeb(float* p, bvec v) { std::memcpy(p, &v, sizeof(v)); }
+
+typedef int32_t bvec_i __attribute__((vector_size(kBVec * sizeof(int32_t))));
+
+inline bvec_i lane_index() {  // 0, 1, .., kBVec - 1
+  bvec_i v;
+  for (int64_t l = 0; l < kBVec; ++l) v[l] = static_cast<int32_t>(l);
+  return v;
+}
+
+// exp_vec on a vector: the same steps, in vector operations (the scalar loop over a
+// score row did not vectorize on AVX2 and took a third of a prefill chunk's time).
+inline bvec exp_b(bvec x) {
+  const bvec hi = bvec{} + 88.0f, lo = bvec{} - 88.0f;
+  x = x < hi ? x : hi;
+  x = x > lo ? x : lo;
+  const bvec n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const bvec r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  bvec p = bvec{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const bvec_i bits = (__builtin_convertvector(n, bvec_i) + 127) << 23;
+  bvec scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
 // Score rows r0 .. r0 + kRows of a task against one key block: out[i][j] = q_i . k_j,
-// kt the block transposed ([kD][kKBlock]).
+// kt the block transposed ([kD][kKBlock]); keys kN vectors at a time.
 template <int64_t kD, int64_t kRows>
 inline void block_scores(const float* qf, const float* kt, float (*out)[kKBlock]) {
-  constexpr int64_t kN = kKBlock / kVec;
-  f32x16 acc[kRows][kN] = {};
-  for (int64_t d = 0; d < kD; ++d) {
-    f32x16 kd[kN];
-    for (int64_t n = 0; n < kN; ++n) kd[n] = load16(kt + d * kKBlock + n * kVec);
-    for (int64_t i = 0; i < kRows; ++i) {
-      const float qd = qf[i * kD + d];
-      for (int64_t n = 0; n < kN; ++n) acc[i][n] += qd * kd[n];
+  constexpr int64_t kN = std::min(kKBlock / kBVec, kBlockVecs);
+  for (int64_t c0 = 0; c0 < kKBlock; c0 += kN * kBVec) {
+    bvec acc[kRows][kN] = {};
+    for (int64_t d = 0; d < kD; ++d) {
+      bvec kd[kN];
+      for (int64_t n = 0; n < kN; ++n) kd[n] = loadb(kt + d * kKBlock + c0 + n * kBVec);
+      for (int64_t i = 0; i < kRows; ++i) {
+        const float qd = qf[i * kD + d];
+        for (int64_t n = 0; n < kN; ++n) acc[i][n] += qd * kd[n];
+      }
     }
-  }
-  for (int64_t i = 0; i < kRows; ++i) {
-    for (int64_t n = 0; n < kN; ++n) store16(out[i] + n * kVec, acc[i][n]);
+    for (int64_t i = 0; i < kRows; ++i) {
+      for (int64_t n = 0; n < kN; ++n) storeb(out[i] + c0 + n * kBVec, acc[i][n]);
+    }
   }
 }
 
 // acc_i <- acc_i * correction_i + sum_j p_i[j] v_j for rows i < kRows (p zero past
-// `visible`), vb the block's values ([kKBlock][kD]).
+// `visible`), vb the block's values ([kKBlock][kD]); dims kN vectors at a time.
 template <int64_t kD, int64_t kRows>
 inline void block_values(float* acc, const float (*p)[kKBlock], const float* correction,
                          const float* vb, int64_t visible) {
-  constexpr int64_t kN = kD / kVec;
-  f32x16 a[kRows][kN];
-  for (int64_t i = 0; i < kRows; ++i) {
-    for (int64_t n = 0; n < kN; ++n) a[i][n] = load16(acc + i * kD + n * kVec) * correction[i];
-  }
-  for (int64_t j = 0; j < visible; ++j) {
-    f32x16 vj[kN];
-    for (int64_t n = 0; n < kN; ++n) vj[n] = load16(vb + j * kD + n * kVec);
+  constexpr int64_t kN = std::min(kD / kBVec, kBlockVecs);
+  for (int64_t d0 = 0; d0 < kD; d0 += kN * kBVec) {
+    bvec a[kRows][kN];
     for (int64_t i = 0; i < kRows; ++i) {
-      const float pj = p[i][j];
-      for (int64_t n = 0; n < kN; ++n) a[i][n] += pj * vj[n];
+      for (int64_t n = 0; n < kN; ++n) {
+        a[i][n] = loadb(acc + i * kD + d0 + n * kBVec) * correction[i];
+      }
     }
-  }
-  for (int64_t i = 0; i < kRows; ++i) {
-    for (int64_t n = 0; n < kN; ++n) store16(acc + i * kD + n * kVec, a[i][n]);
+    for (int64_t j = 0; j < visible; ++j) {
+      bvec vj[kN];
+      for (int64_t n = 0; n < kN; ++n) vj[n] = loadb(vb + j * kD + d0 + n * kBVec);
+      for (int64_t i = 0; i < kRows; ++i) {
+        const float pj = p[i][j];
+        for (int64_t n = 0; n < kN; ++n) a[i][n] += pj * vj[n];
+      }
+    }
+    for (int64_t i = 0; i < kRows; ++i) {
+      for (int64_t n = 0; n < kN; ++n) storeb(acc + i * kD + d0 + n * kBVec, a[i][n]);
+    }
   }
 }
 
@@ -578,10 +635,13 @@ void attend_block(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf, 
   // bf16 queries and K/V on a CPU with bf16 dot products: the pairs path.
   constexpr bool kPairs = kHasBf16Dot && std::is_same_v<qT, c10::BFloat16> &&
                           std::is_same_v<kvT, c10::BFloat16>;
-  // Score rows at a time: as many as keep the accumulators in registers (32 vector
-  // registers with AVX-512, 16 half as wide without): float at head dim 64, 6 rows x
-  // 4 vectors of scores or values and 4 of the key or value block's.
-  constexpr int64_t kPair = kVectorRegisters >= 32 ? (kD <= 64 ? (kPairs ? 4 : 6) : 2) : 1;
+  // Score rows at a time: as many as keep the accumulators in registers. AVX-512
+  // (32 registers) at head dim 64: 6 rows x 4 vectors of scores or values and 4 of
+  // the key or value block's (bf16 pairs: 4 rows). AVX2 (16 registers of 8 floats,
+  // 4 vectors a pass): 3 rows x 4, the block's vectors as memory operands (3 rows:
+  // 1.0-1.15x of 2, 4 rows spill).
+  constexpr int64_t kPair =
+      kVectorRegisters >= 32 ? (kD <= 64 ? (kPairs ? 4 : 6) : 2) : 3;
   const int64_t group = num_heads / num_kv_heads;
   const int64_t rows = nrows * group;  // score rows: (query row i, head g) at i * group + g
   const int64_t first_pos = seq_len - q_len + row0;  // position of query row row0
@@ -665,7 +725,10 @@ void attend_block(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf, 
           continue;
         }
         correction[i] = exp_vec(s.m[r + i] - mx);  // 0 on the row's first block (m = -inf)
-        for (int64_t j = 0; j < kKBlock; ++j) sc[j] = j < vis ? exp_vec(sc[j] - mx) : 0.0f;
+        for (int64_t j0 = 0; j0 < kKBlock; j0 += kBVec) {
+          const bvec e = exp_b(loadb(sc + j0) - mx);
+          storeb(sc + j0, lane_index() < static_cast<int32_t>(vis - j0) ? e : bvec{});
+        }
         s.l[r + i] = s.l[r + i] * correction[i] + lane_sum(sc, kKBlock);
         s.m[r + i] = mx;
       }
