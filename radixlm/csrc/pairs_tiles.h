@@ -3,7 +3,7 @@
 //
 // A packed weight is `groups` groups of 16 output columns (pack_bf16_pairs). The
 // threads claim column tiles of kTileGroups groups (claim_parallel.h), and each
-// tile runs over the rows kRowsMax at a time, so the tile's weight stays in L2
+// tile runs over the rows at most kRowsMax at a time, so the tile's weight stays in L2
 // while every row tile uses it; the first row tile fetches the next tile's weight
 // meanwhile. A kernel's tile function is a template over its row and group counts
 // (accumulators in registers); `with_count` turns the run-time counts into those.
@@ -50,9 +50,13 @@ void for_each_tile(const XT* x, int64_t x_stride, int64_t m, const uint32_t* w, 
                                ? wt + kTileGroups * group_stride
                                : nullptr;
     const OT* bt = bias != nullptr ? bias + g0 * kGroup : nullptr;
-    for (int64_t r0 = 0; r0 < m; r0 += kRowsMax) {
+    // Row tiles of equal size (16 rows with kRowsMax 5: 4 x 4, not 5 + 5 + 5 + 1,
+    // whose one-row tile waits on its FMA chain at almost the cost of a full one).
+    const int64_t row_tiles = (m + kRowsMax - 1) / kRowsMax;
+    const int64_t tile_rows = (m + row_tiles - 1) / row_tiles;
+    for (int64_t r0 = 0; r0 < m; r0 += tile_rows) {
       with_count<kTileGroups>(ng, [&](auto g) {
-        with_count<kRowsMax>(std::min(kRowsMax, m - r0), [&](auto r) {
+        with_count<kRowsMax>(std::min(tile_rows, m - r0), [&](auto r) {
           tile(r, g, x + r0 * x_stride, x_stride, wt, group_stride, pairs, bt,
                out + r0 * n + g0 * kGroup, n, r0 == 0 ? next : nullptr);
         });
