@@ -139,6 +139,58 @@ inline f32x16 load16(const float* p) {
 
 inline void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof(v)); }
 
+// One register of floats (16 with AVX-512, 8 with AVX2): the vectors of the decode
+// path (attend_group_vec) and of the float blocked path. f32x16 on AVX2 is two ymm
+// each, and its accumulators spilled to the stack there (decode attention at 15
+// GF/s, prefill at 7). The blocked path keeps at most kBlockVecs of them in a row's
+// accumulators at once, so that kPair rows of accumulators, the block's vectors
+// and a broadcast fit the registers.
+#ifdef __AVX512F__
+constexpr int64_t kBVec = 16;
+constexpr int64_t kBlockVecs = 8;
+#else
+constexpr int64_t kBVec = 8;
+constexpr int64_t kBlockVecs = 4;
+#endif
+typedef float bvec __attribute__((vector_size(kBVec * sizeof(float))));
+
+inline bvec loadb(const float* p) {
+  bvec v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void storeb(float* p, bvec v) { std::memcpy(p, &v, sizeof(v)); }
+
+typedef int32_t bvec_i __attribute__((vector_size(kBVec * sizeof(int32_t))));
+
+inline bvec_i lane_index() {  // 0, 1, .., kBVec - 1
+  bvec_i v;
+  for (int64_t l = 0; l < kBVec; ++l) v[l] = static_cast<int32_t>(l);
+  return v;
+}
+
+// exp_vec on a vector: the same steps, in vector operations (the scalar loop over a
+// score row did not vectorize on AVX2 and took a third of a prefill chunk's time).
+inline bvec exp_b(bvec x) {
+  const bvec hi = bvec{} + 88.0f, lo = bvec{} - 88.0f;
+  x = x < hi ? x : hi;
+  x = x > lo ? x : lo;
+  const bvec n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const bvec r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  bvec p = bvec{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const bvec_i bits = (__builtin_convertvector(n, bvec_i) + 127) << 23;
+  bvec scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
 // One (request, KV head) task. q rows of the request: [q_len, H, D] at q, rows
 // q_row_stride elements apart; out: [q_len, H, D] contiguous. Query row i sits
 // at position prefix + i and attends keys 0 .. prefix + i (causal within the
@@ -212,15 +264,21 @@ void attend_group(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf,
   }
 }
 
-// Lane i of the result: the sum of the lanes of the vector for key i, given the 16
-// vectors in bit-reversed key order (v[j] holds key bitrev4(j)): four rounds of
-// shuffles and adds for 16 keys, where one sum at a time took four rounds per key.
-inline int64_t bitrev4(int64_t i) {
-  return ((i & 1) << 3) | ((i & 2) << 1) | ((i & 4) >> 1) | ((i & 8) >> 3);
+// Lane i of the result: the sum of the lanes of the vector for key i, given the
+// kBVec vectors in bit-reversed key order (v[j] holds key bitrev(j)): log2(kBVec)
+// rounds of shuffles and adds for kBVec keys, where one sum at a time took as many
+// rounds per key.
+inline int64_t bitrev(int64_t i) {
+  if constexpr (kBVec == 16) {
+    return ((i & 1) << 3) | ((i & 2) << 1) | ((i & 4) >> 1) | ((i & 8) >> 3);
+  } else {
+    return ((i & 1) << 2) | (i & 2) | ((i & 4) >> 2);
+  }
 }
 
-inline f32x16 sum_lanes16(const f32x16* v) {
-  f32x16 a[8], b[4], c[2];
+inline bvec sum_lanes(const bvec* v) {
+#ifdef __AVX512F__
+  bvec a[8], b[4], c[2];
   for (int i = 0; i < 8; ++i) {
     a[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18,
                                    19, 20, 21, 22, 23) +
@@ -243,27 +301,58 @@ inline f32x16 sum_lanes16(const f32x16* v) {
                                  14, 30) +
          __builtin_shufflevector(c[0], c[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29,
                                  15, 31);
+#else
+  bvec a[4], b[2];
+  for (int i = 0; i < 4; ++i) {
+    a[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(v[2 * i], v[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+  for (int i = 0; i < 2; ++i) {
+    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  return __builtin_shufflevector(b[0], b[1], 0, 8, 2, 10, 4, 12, 6, 14) +
+         __builtin_shufflevector(b[0], b[1], 1, 9, 3, 11, 5, 13, 7, 15);
+#endif
 }
 
 template <int64_t kD, typename kvT>
-inline void load_row(const kvT* row, f32x16 (&out)[kD / kVec]) {
-  float tmp[kD];
-  for (int64_t d = 0; d < kD; ++d) tmp[d] = to_float(row[d]);
-  for (int64_t n = 0; n < kD / kVec; ++n) out[n] = load16(tmp + n * kVec);
+inline void load_row(const kvT* row, bvec (&out)[kD / kBVec]) {
+  if constexpr (std::is_same_v<kvT, float>) {
+    for (int64_t n = 0; n < kD / kBVec; ++n) out[n] = loadb(row + n * kBVec);
+  } else {
+    float tmp[kD];
+    for (int64_t d = 0; d < kD; ++d) tmp[d] = to_float(row[d]);
+    for (int64_t n = 0; n < kD / kBVec; ++n) out[n] = loadb(tmp + n * kBVec);
+  }
+}
+
+// s[0 .. n) <- exp(s[j] - m), kBVec at a time.
+inline void exp_row(float* s, int64_t n, float m) {
+  int64_t j = 0;
+  for (; j + kBVec <= n; j += kBVec) storeb(s + j, exp_b(loadb(s + j) - m));
+  if (j < n) {
+    float tail[kBVec] = {};
+    std::memcpy(tail, s + j, (n - j) * sizeof(float));
+    const bvec e = exp_b(loadb(tail) - m);
+    std::memcpy(s + j, &e, (n - j) * sizeof(float));
+  }
 }
 
 // attend_group for head dims of whole vectors (64, 128): the same task, computed
 // kRows score rows at a time with the query rows, the running dot products and
-// the value accumulators in vector registers; scores of 16 keys are summed
-// together (sum_lanes16). Keys a row does not see get probability 0.
+// the value accumulators in vector registers; scores of kBVec keys are summed
+// together (sum_lanes). Keys a row does not see get probability 0. AVX2 (16
+// registers) takes one row at a time: a row's query and value accumulators fill
+// half of them, the key and value rows come in as the FMAs' memory operands.
 template <int64_t kD, typename qT, typename kvT>
 void attend_group_vec(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf,
                       const kvT* v_buf, const int64_t* slots, int64_t seq_len, int64_t q_len,
                       int64_t kv_head, int64_t num_heads, int64_t num_kv_heads, int64_t,
                       float scale, std::vector<float>& qf, std::vector<float>& scores,
                       std::vector<float>&) {
-  constexpr int64_t kN = kD / kVec;
-  constexpr int64_t kRows = kVectorRegisters >= 32 ? 4 : 2;
+  constexpr int64_t kN = kD / kBVec;
+  constexpr int64_t kRows = kVectorRegisters >= 32 ? 4 : 1;
   const int64_t group = num_heads / num_kv_heads;
   const int64_t rows = q_len * group;
   const int64_t padded = (rows + kRows - 1) / kRows * kRows;
@@ -281,34 +370,34 @@ void attend_group_vec(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_b
   const auto visible = [&](int64_t r) { return r < rows ? prefix + r / group + 1 : 0; };
   for (int64_t r0 = 0; r0 < padded; r0 += kRows) {
     const int64_t last = std::min(seq_len, visible(std::min(r0 + kRows, rows) - 1));
-    f32x16 qv[kRows][kN];
+    bvec qv[kRows][kN];
     for (int64_t i = 0; i < kRows; ++i) {
-      for (int64_t n = 0; n < kN; ++n) qv[i][n] = load16(qf.data() + (r0 + i) * kD + n * kVec);
+      for (int64_t n = 0; n < kN; ++n) qv[i][n] = loadb(qf.data() + (r0 + i) * kD + n * kBVec);
     }
-    for (int64_t j0 = 0; j0 < last; j0 += kVec) {
-      const int64_t nj = std::min(kVec, last - j0);
-      f32x16 partial[kRows][kVec];
-      for (int64_t jj = 0; jj < kVec; ++jj) {
-        const int64_t slot = bitrev4(jj);
+    for (int64_t j0 = 0; j0 < last; j0 += kBVec) {
+      const int64_t nj = std::min(kBVec, last - j0);
+      bvec partial[kRows][kBVec];
+      for (int64_t jj = 0; jj < kBVec; ++jj) {
+        const int64_t slot = bitrev(jj);
         if (jj >= nj) {
-          for (int64_t i = 0; i < kRows; ++i) partial[i][slot] = f32x16{};
+          for (int64_t i = 0; i < kRows; ++i) partial[i][slot] = bvec{};
           continue;
         }
         const int64_t j = j0 + jj;
         if (j + kPrefetchAhead < seq_len) {
           prefetch_row(k_buf + slots[j + kPrefetchAhead] * kv_stride + kv_head * kD, kD);
         }
-        f32x16 kv[kN];
+        bvec kv[kN];
         load_row<kD>(k_buf + slots[j] * kv_stride + kv_head * kD, kv);
         for (int64_t i = 0; i < kRows; ++i) {
-          f32x16 p = qv[i][0] * kv[0];
+          bvec p = qv[i][0] * kv[0];
           for (int64_t n = 1; n < kN; ++n) p += qv[i][n] * kv[n];
           partial[i][slot] = p;
         }
       }
       for (int64_t i = 0; i < kRows; ++i) {
-        float lanes[kVec];
-        store16(lanes, sum_lanes16(partial[i]));
+        float lanes[kBVec];
+        storeb(lanes, sum_lanes(partial[i]));
         std::memcpy(scores.data() + (r0 + i) * seq_len + j0, lanes, nj * sizeof(float));
       }
     }
@@ -318,19 +407,19 @@ void attend_group_vec(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_b
     const int64_t vis = visible(r);
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < vis; ++j) m = std::max(m, s[j]);
-    for (int64_t j = 0; j < vis; ++j) s[j] = exp_vec(s[j] - m);
+    exp_row(s, vis, m);
     const float inv = 1.0f / lane_sum(s, vis);
     for (int64_t j = 0; j < vis; ++j) s[j] *= inv;
     for (int64_t j = vis; j < seq_len; ++j) s[j] = 0.0f;
   }
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
     const int64_t last = std::min(seq_len, visible(std::min(r0 + kRows, rows) - 1));
-    f32x16 acc[kRows][kN] = {};
+    bvec acc[kRows][kN] = {};
     for (int64_t j = 0; j < last; ++j) {
       if (j + kPrefetchAhead < seq_len) {
         prefetch_row(v_buf + slots[j + kPrefetchAhead] * kv_stride + kv_head * kD, kD);
       }
-      f32x16 vv[kN];
+      bvec vv[kN];
       load_row<kD>(v_buf + slots[j] * kv_stride + kv_head * kD, vv);
       for (int64_t i = 0; i < kRows; ++i) {
         const float p = scores[(r0 + i) * seq_len + j];  // 0 for padding rows
@@ -340,7 +429,7 @@ void attend_group_vec(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_b
     for (int64_t i = 0; i < kRows && r0 + i < rows; ++i) {
       const int64_t r = r0 + i, qi = r / group, g = r % group;
       float a[kD];
-      for (int64_t n = 0; n < kN; ++n) store16(a + n * kVec, acc[i][n]);
+      for (int64_t n = 0; n < kN; ++n) storeb(a + n * kBVec, acc[i][n]);
       qT* dst = out + (qi * num_heads + kv_head * group + g) * kD;
       for (int64_t d = 0; d < kD; ++d) dst[d] = static_cast<qT>(a[d]);
     }
@@ -382,56 +471,6 @@ inline float block_row_max(const float* x, int64_t n) {
   float m = half[0];
   for (int64_t l = 1; l < kLanes / 2; ++l) m = std::max(m, half[l]);
   return m;
-}
-
-// The float block path's vectors: one register each (16 floats with AVX-512, 8 with
-// AVX2), and at most kBlockVecs of them in a row's accumulators at once, so that
-// kPair rows of accumulators, the block's vectors and a broadcast fit the
-// registers. (f32x16 on AVX2, two ymm each, left too few for more than one row.)
-#ifdef __AVX512F__
-constexpr int64_t kBVec = 16;
-constexpr int64_t kBlockVecs = 8;
-#else
-constexpr int64_t kBVec = 8;
-constexpr int64_t kBlockVecs = 4;
-#endif
-typedef float bvec __attribute__((vector_size(kBVec * sizeof(float))));
-
-inline bvec loadb(const float* p) {
-  bvec v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline void storeb(float* p, bvec v) { std::memcpy(p, &v, sizeof(v)); }
-
-typedef int32_t bvec_i __attribute__((vector_size(kBVec * sizeof(int32_t))));
-
-inline bvec_i lane_index() {  // 0, 1, .., kBVec - 1
-  bvec_i v;
-  for (int64_t l = 0; l < kBVec; ++l) v[l] = static_cast<int32_t>(l);
-  return v;
-}
-
-// exp_vec on a vector: the same steps, in vector operations (the scalar loop over a
-// score row did not vectorize on AVX2 and took a third of a prefill chunk's time).
-inline bvec exp_b(bvec x) {
-  const bvec hi = bvec{} + 88.0f, lo = bvec{} - 88.0f;
-  x = x < hi ? x : hi;
-  x = x > lo ? x : lo;
-  const bvec n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const bvec r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  bvec p = bvec{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const bvec_i bits = (__builtin_convertvector(n, bvec_i) + 127) << 23;
-  bvec scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
 }
 
 // Score rows r0 .. r0 + kRows of a task against one key block: out[i][j] = q_i . k_j,
