@@ -1017,7 +1017,12 @@ void silu_and_mul_rows(const T* x, int64_t x_stride, T* out, int64_t rows, int64
       const T* u = g + d;
       T* o = out + r * d;
       for (int64_t j = 0; j < d; ++j) gate[j] = to_float(g[j]);
-      for (int64_t j = 0; j < d; ++j) gate[j] = gate[j] / (1.0f + exp_vec(-gate[j]));
+      int64_t j = 0;
+      for (; j + kBVec <= d; j += kBVec) {  // exp_b: the scalar loop did not vectorize
+        const bvec gv = loadb(gate.data() + j);
+        storeb(gate.data() + j, gv / (1.0f + exp_b(-gv)));
+      }
+      for (; j < d; ++j) gate[j] = gate[j] / (1.0f + exp_vec(-gate[j]));
       for (int64_t j = 0; j < d; ++j) o[j] = static_cast<T>(gate[j] * to_float(u[j]));
     }
   });
