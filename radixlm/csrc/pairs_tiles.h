@@ -42,6 +42,7 @@ void for_each_tile(const XT* x, int64_t x_stride, int64_t m, const uint32_t* w, 
   constexpr int64_t kGroup = 16;
   const int64_t n = groups * kGroup, group_stride = pairs * kGroup;
   const int64_t tiles = (groups + kTileGroups - 1) / kTileGroups;
+  if (m == 0) return;  // (a chunk whose logits nobody asked for)
   claim_parallel(tiles, [&](int64_t t, int64_t range_end) {
     const int64_t g0 = t * kTileGroups, ng = std::min(kTileGroups, groups - g0);
     const uint32_t* wt = w + g0 * group_stride;

@@ -25,8 +25,9 @@ def test_pairs_linear_matches_float64(x_dtype: torch.dtype, tolerance: float,
     packed = pack_pairs(weight)
     bias = torch.randn(num_cols).to(x_dtype)
     x_all = torch.randn(100, 160).to(x_dtype)[:, 32:128]  # strided rows
-    # tiles of 8 rows (AVX-512) or 5 (bf16w on AVX2), and their remainders
-    for rows in (1, 2, 3, 5, 6, 8, 9, 17, 33, 100):
+    # tiles of at most 8 rows (AVX-512) or 5 (bf16w on AVX2), split evenly; no rows at
+    # all (a prefill chunk asks the LM head for none)
+    for rows in (0, 1, 2, 3, 5, 6, 8, 9, 16, 17, 33, 100):
         x = x_all[:rows]
         for b in (None, bias):
             out = pairs_linear(x, packed, b)
