@@ -87,3 +87,34 @@ def test_batched_variants(reference: list[list[int]], kwargs: dict) -> None:
         info = _check_clean(engine)
         if kwargs["max_total_tokens"] == 200:
             assert info["num_retractions"] > 0
+
+
+def _reduced_precisions() -> list[pytest.param]:
+    from radixlm.layers.cpu_gemm import bf16w_supported, cpu_has_native_bf16
+
+    return [
+        pytest.param({"quantization": "bf16_weights"}, id="bf16_weights",
+                     marks=pytest.mark.skipif(not bf16w_supported(),
+                                              reason="no AVX2/FMA build of the kernels")),
+        pytest.param({"dtype": "bfloat16"}, id="bfloat16",
+                     marks=pytest.mark.skipif(not cpu_has_native_bf16(),
+                                              reason="no native bfloat16 on this CPU")),
+    ]
+
+
+@pytest.mark.parametrize("kwargs", _reduced_precisions())
+def test_reduced_precision_serves_chunked_batches(reference: list[list[int]],
+                                                  kwargs: dict) -> None:
+    """The precisions `--dtype auto` picks outside the tests, through the whole engine:
+    prompts in chunks of 4 (steps whose chunks need no logits: the LM head gets no
+    rows), batched, then again from the radix cache. Greedy output follows float32's
+    (the accuracy gate bounds the difference; 48 tokens may drift apart late)."""
+    with Engine(max_total_tokens=4096, chunked_prefill_size=4, **kwargs) as engine:
+        for _ in range(2):
+            batched = engine.generate(PROMPTS, GREEDY)
+            outs = [o["output_ids"] for o in batched]
+            assert all(len(o) == NUM_TOKENS for o in outs)
+            agree = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), NUM_TOKENS)
+                     for o, r in zip(outs, reference)]
+            assert min(agree) >= 4 and sum(agree) >= 3 * NUM_TOKENS, agree
+        _check_clean(engine)
