@@ -19,9 +19,8 @@
 //
 // Plain C++ loops written so the compiler vectorizes them for the CPU it is
 // built on (the set-up builds it per machine, -march=native). Where accumulators
-// must stay in registers, they are GCC/Clang vector-extension types (f32x16; the
-// blocked prefill path's bvec, one register wide), which the compiler maps to the
-// CPU's vectors. One exception: on CPUs with
+// must stay in registers, they are GCC/Clang vector-extension types (bvec, one
+// register wide; f32x16), which the compiler maps to the CPU's vectors. One exception: on CPUs with
 // AVX512_BF16 the blocked prefill kernel's two products over bfloat16 K/V use its
 // bf16 dot-product instruction (vdpbf16ps, two bf16 products summed into each
 // float lane: twice the fp32 FMA rate), which no compiler emits by itself.
@@ -73,72 +72,6 @@ inline float dot(const float* q, const T* k, int64_t n) {
   return sum;
 }
 
-// exp(x) for float, written so the compiler vectorizes it (std::exp stays a scalar
-// call without -ffast-math): Cephes' expf, x = n ln2 + r, e^r by its degree-6
-// polynomial, times 2^n through the exponent bits. Within 2 ulp of expf on
-// [-88, 88]; silu's results are rounded to bfloat16/half after it anyway.
-inline float exp_vec(float x) {
-  x = std::min(88.0f, std::max(-88.0f, x));
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n ln2 in two parts
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
-// x[0] + ... + x[n-1] in kLanes partial sums (vectorizes; see dot).
-inline float lane_sum(const float* x, int64_t n) {
-  float partial[kLanes] = {0.0f};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int64_t l = 0; l < kLanes; ++l) partial[l] += x[j + l];
-  }
-  float sum = 0.0f;
-  for (int64_t l = 0; l < kLanes; ++l) sum += partial[l];
-  for (; j < n; ++j) sum += x[j];
-  return sum;
-}
-
-// Rows of the pool are scattered (slots come from a free list), so the hardware
-// prefetcher cannot follow them: ask for the row a few keys ahead explicitly.
-constexpr int64_t kPrefetchAhead = 16;
-
-template <typename T>
-inline void prefetch_row(const T* row, int64_t n) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) {
-    __builtin_prefetch(p + off, 0, 1);
-  }
-}
-
-// A vector of 16 floats (GCC/Clang vector extension: the compiler picks the
-// instructions for the CPU, one zmm register or two ymm). The accumulators of
-// the blocked kernel are these, so that they stay in registers: as float arrays
-// they lived on the stack and every FMA waited for the previous one's store.
-typedef float f32x16 __attribute__((vector_size(64)));
-constexpr int64_t kVec = 16;
-#ifdef __AVX512F__
-constexpr int64_t kVectorRegisters = 32;
-#else
-constexpr int64_t kVectorRegisters = 16;
-#endif
-
-inline f32x16 load16(const float* p) {
-  f32x16 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof(v)); }
-
 // One register of floats (16 with AVX-512, 8 with AVX2): the vectors of the decode
 // path (attend_group_vec) and of the float blocked path. f32x16 on AVX2 is two ymm
 // each, and its accumulators spilled to the stack there (decode attention at 15
@@ -170,26 +103,85 @@ inline bvec_i lane_index() {  // 0, 1, .., kBVec - 1
   return v;
 }
 
-// exp_vec on a vector: the same steps, in vector operations (the scalar loop over a
-// score row did not vectorize on AVX2 and took a third of a prefill chunk's time).
-inline bvec exp_b(bvec x) {
+// exp_of's steps that differ between a float and a bvec of them.
+inline float clamp88(float x) { return std::min(88.0f, std::max(-88.0f, x)); }
+inline bvec clamp88(bvec x) {
   const bvec hi = bvec{} + 88.0f, lo = bvec{} - 88.0f;
   x = x < hi ? x : hi;
-  x = x > lo ? x : lo;
-  const bvec n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const bvec r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  bvec p = bvec{} + 1.9875691500e-4f;
+  return x > lo ? x : lo;
+}
+inline int32_t to_int(float x) { return static_cast<int32_t>(x); }
+inline bvec_i to_int(bvec x) { return __builtin_convertvector(x, bvec_i); }
+
+// exp(x) for a float or a bvec, in plain arithmetic (std::exp stays a scalar call
+// without -ffast-math; scalar loops of this one did not always vectorize, so the
+// hot loops call it on bvecs): Cephes' expf, x = n ln2 + r, e^r by its degree-6
+// polynomial, times 2^n through the exponent bits. Within 2 ulp of expf on
+// [-88, 88]; silu's results are rounded to bfloat16/half after it anyway.
+template <typename T>
+inline T exp_of(T x) {
+  x = clamp88(x);
+  const T n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
+  const T r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n ln2 in two parts
+  T p = T{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const bvec_i bits = (__builtin_convertvector(n, bvec_i) + 127) << 23;
-  bvec scale;
+  const auto bits = (to_int(n) + 127) << 23;
+  static_assert(sizeof(bits) == sizeof(T), "int lanes as wide as the float lanes");
+  T scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
 }
+
+// x[0] + ... + x[n-1] in kLanes partial sums (vectorizes; see dot).
+inline float lane_sum(const float* x, int64_t n) {
+  float partial[kLanes] = {0.0f};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) partial[l] += x[j + l];
+  }
+  float sum = 0.0f;
+  for (int64_t l = 0; l < kLanes; ++l) sum += partial[l];
+  for (; j < n; ++j) sum += x[j];
+  return sum;
+}
+
+// Rows of the pool are scattered (slots come from a free list), so the hardware
+// prefetcher cannot follow them: ask for the row a few keys ahead explicitly.
+constexpr int64_t kPrefetchAhead = 16;
+
+template <typename T>
+inline void prefetch_row(const T* row, int64_t n) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) {
+    __builtin_prefetch(p + off, 0, 1);
+  }
+}
+
+// A vector of 16 floats (GCC/Clang vector extension: the compiler picks the
+// instructions for the CPU, one zmm register or two ymm): small_batch_linear's
+// accumulators (the attention paths use bvec, one register wide; as float arrays
+// accumulators lived on the stack and every FMA waited for the previous store).
+// kVec: the bf16 pairs path's lanes (AVX512_BF16 only).
+typedef float f32x16 __attribute__((vector_size(64)));
+constexpr int64_t kVec = 16;
+#ifdef __AVX512F__
+constexpr int64_t kVectorRegisters = 32;
+#else
+constexpr int64_t kVectorRegisters = 16;
+#endif
+
+inline f32x16 load16(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof(v)); }
 
 // One (request, KV head) task. q rows of the request: [q_len, H, D] at q, rows
 // q_row_stride elements apart; out: [q_len, H, D] contiguous. Query row i sits
@@ -237,7 +229,7 @@ void attend_group(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf,
       float* s = scores.data() + (i * group + g) * seq_len;
       float m = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < visible; ++j) m = std::max(m, s[j]);
-      for (int64_t j = 0; j < visible; ++j) s[j] = exp_vec(s[j] - m);
+      for (int64_t j = 0; j < visible; ++j) s[j] = exp_of(s[j] - m);
       const float inv = 1.0f / lane_sum(s, visible);
       for (int64_t j = 0; j < visible; ++j) s[j] *= inv;
     }
@@ -330,11 +322,11 @@ inline void load_row(const kvT* row, bvec (&out)[kD / kBVec]) {
 // s[0 .. n) <- exp(s[j] - m), kBVec at a time.
 inline void exp_row(float* s, int64_t n, float m) {
   int64_t j = 0;
-  for (; j + kBVec <= n; j += kBVec) storeb(s + j, exp_b(loadb(s + j) - m));
+  for (; j + kBVec <= n; j += kBVec) storeb(s + j, exp_of(loadb(s + j) - m));
   if (j < n) {
     float tail[kBVec] = {};
     std::memcpy(tail, s + j, (n - j) * sizeof(float));
-    const bvec e = exp_b(loadb(tail) - m);
+    const bvec e = exp_of(loadb(tail) - m);
     std::memcpy(s + j, &e, (n - j) * sizeof(float));
   }
 }
@@ -562,7 +554,7 @@ inline void pack_block_bf16(const c10::BFloat16* k_buf, const c10::BFloat16* v_b
   }
 }
 
-// exp(x) lane-wise, as exp_vec: x = n ln2 + r, e^r by its polynomial, times 2^n
+// exp(x) lane-wise, as exp_of: x = n ln2 + r, e^r by its polynomial, times 2^n
 // (vscalefps).
 inline __m512 exp512(__m512 x) {
   x = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-88.0f), x));
@@ -763,9 +755,9 @@ void attend_block(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf, 
           for (int64_t j = 0; j < kKBlock; ++j) sc[j] = 0.0f;
           continue;
         }
-        correction[i] = exp_vec(s.m[r + i] - mx);  // 0 on the row's first block (m = -inf)
+        correction[i] = exp_of(s.m[r + i] - mx);  // 0 on the row's first block (m = -inf)
         for (int64_t j0 = 0; j0 < kKBlock; j0 += kBVec) {
-          const bvec e = exp_b(loadb(sc + j0) - mx);
+          const bvec e = exp_of(loadb(sc + j0) - mx);
           storeb(sc + j0, lane_index() < static_cast<int32_t>(vis - j0) ? e : bvec{});
         }
         s.l[r + i] = s.l[r + i] * correction[i] + lane_sum(sc, kKBlock);
@@ -1018,11 +1010,11 @@ void silu_and_mul_rows(const T* x, int64_t x_stride, T* out, int64_t rows, int64
       T* o = out + r * d;
       for (int64_t j = 0; j < d; ++j) gate[j] = to_float(g[j]);
       int64_t j = 0;
-      for (; j + kBVec <= d; j += kBVec) {  // exp_b: the scalar loop did not vectorize
+      for (; j + kBVec <= d; j += kBVec) {  // on bvecs: the scalar loop did not vectorize
         const bvec gv = loadb(gate.data() + j);
-        storeb(gate.data() + j, gv / (1.0f + exp_b(-gv)));
+        storeb(gate.data() + j, gv / (1.0f + exp_of(-gv)));
       }
-      for (; j < d; ++j) gate[j] = gate[j] / (1.0f + exp_vec(-gate[j]));
+      for (; j < d; ++j) gate[j] = gate[j] / (1.0f + exp_of(-gate[j]));
       for (int64_t j = 0; j < d; ++j) o[j] = static_cast<T>(gate[j] * to_float(u[j]));
     }
   });
