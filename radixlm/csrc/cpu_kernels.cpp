@@ -20,10 +20,11 @@
 // Plain C++ loops written so the compiler vectorizes them for the CPU it is
 // built on (the set-up builds it per machine, -march=native). Where accumulators
 // must stay in registers, they are GCC/Clang vector-extension types (bvec, one
-// register wide; f32x16), which the compiler maps to the CPU's vectors. One exception: on CPUs with
-// AVX512_BF16 the blocked prefill kernel's two products over bfloat16 K/V use its
-// bf16 dot-product instruction (vdpbf16ps, two bf16 products summed into each
-// float lane: twice the fp32 FMA rate), which no compiler emits by itself.
+// register wide; f32x16), which the compiler maps to the CPU's vectors. One
+// exception: on CPUs with AVX512_BF16 the blocked prefill kernel's two products
+// over bfloat16 K/V use its bf16 dot-product instruction (vdpbf16ps, two bf16
+// products summed into each float lane: twice the fp32 FMA rate), which no
+// compiler emits by itself.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
