@@ -59,11 +59,14 @@ def _loads(body: bytes) -> Any:
         raise APIError(f"Malformed JSON in the request body: {e}") from e
 
 
-async def read_json(request: Request) -> Any:
-    body = await request.body()
+async def _off_loop_if_large(body: bytes, parse: Callable[[bytes], T]) -> T:
     if len(body) > OFF_LOOP_BYTES:
-        return await asyncio.to_thread(_loads, body)
-    return _loads(body)
+        return await asyncio.to_thread(parse, body)
+    return parse(body)
+
+
+async def read_json(request: Request) -> Any:
+    return await _off_loop_if_large(await request.body(), _loads)
 
 
 def _validate(data: Any, model: type[ModelT]) -> ModelT:
@@ -77,10 +80,8 @@ def _validate(data: Any, model: type[ModelT]) -> ModelT:
 
 async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
     """The body validated as `model`; raise APIError(400) naming the problem."""
-    data = await read_json(request)
-    if len(await request.body()) > OFF_LOOP_BYTES:  # cached by starlette
-        return await asyncio.to_thread(_validate, data, model)
-    return _validate(data, model)
+    return await _off_loop_if_large(await request.body(),
+                                    lambda body: _validate(_loads(body), model))
 
 
 # ---------------------------------------------------------------- driving generate
