@@ -15,7 +15,9 @@ Requests stream through `/v1/chat/completions` (or `/v1/completions` with
 `--request-rate` per second. Per run it reports TTFT, TPOT (time per output
 token after the first), ITL (gaps between streamed chunks), each as mean,
 p50 and p99, and request, output-token and total-token throughput; it prints
-the CPU it ran on. `--output-file` appends one JSON line per run; `--plot`
+the CPU it ran on. `--repeat N` runs each level N times and prints how much
+their output throughput varies (range, largest deviation from the median, CV).
+`--output-file` appends one JSON line per run; `--plot`
 draws output throughput and latency against concurrency for every server in
 this run and in `--plot-from` files, side by side (needs matplotlib).
 """
@@ -260,6 +262,28 @@ def print_run(run: RunResult, errors: list[str]) -> None:
         print(f"  error: {e}")
 
 
+def spread(runs: list[RunResult]) -> dict[str, float]:
+    """How much the output throughput of repeated runs of one workload varies: mean,
+    median, min, max, the range as a share of the median, the largest deviation from
+    the median and the coefficient of variation (stdev / mean), the last three in %."""
+    xs = [r.output_throughput for r in runs]
+    median = statistics.median(xs)
+    mean = statistics.fmean(xs)
+    return {
+        "runs": len(xs), "mean": mean, "median": median, "min": min(xs), "max": max(xs),
+        "range_pct": 100 * (max(xs) - min(xs)) / median,
+        "max_dev_pct": 100 * max(abs(x - median) for x in xs) / median,
+        "cv_pct": 100 * statistics.pstdev(xs) / mean,
+    }
+
+
+def print_spread(runs: list[RunResult]) -> None:
+    s = spread(runs)
+    print(f"spread over {s['runs']} runs: output tok/s median {s['median']:.1f} "
+          f"(min {s['min']:.1f}, max {s['max']:.1f}); range {s['range_pct']:.1f}% of the "
+          f"median, largest deviation {s['max_dev_pct']:.1f}%, CV {s['cv_pct']:.1f}%")
+
+
 def plotted_runs(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """The fixed-concurrency runs by server label, leaving out runs whose every request
     failed (a server that died is no data point)."""
@@ -324,7 +348,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="Let requests stop at EOS instead of asking for ignore_eos.")
     p.add_argument("--warmup", type=int, default=1, help="Requests sent before each server.")
-    p.add_argument("--repeat", type=int, default=1, help="Runs per concurrency level.")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="Runs per concurrency level; above 1 it prints how much they vary.")
     p.add_argument("--api-key", default=None)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--seed", type=int, default=0)
@@ -356,14 +381,18 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
         for level in levels:
             num = args.num_prompts or max(2 * (level or 1), 8)
             prompts = build_prompts(argparse.Namespace(**{**vars(args), "num_prompts": num}))
+            repeats: list[RunResult] = []
             for _ in range(args.repeat):
                 results, duration = asyncio.run(_run(args, base_url, prompts, level))
                 run = summarize(args, label, base_url, level, results, duration)
                 print_run(run, [r.error for r in results if not r.ok])
-                runs.append(run)
+                repeats.append(run)
                 if args.output_file:
                     with open(args.output_file, "a") as f:
                         f.write(json.dumps(asdict(run)) + "\n")
+            if len(repeats) > 1:
+                print_spread(repeats)
+            runs += repeats
     if args.plot:
         everything = [asdict(r) for r in runs]
         for path in args.plot_from:

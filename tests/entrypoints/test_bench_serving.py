@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import socket
+import statistics
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -106,3 +108,19 @@ def test_bad_arguments_exit() -> None:
         bench_serving.parse_args(["--base-url", "http://x", "--label", "a", "b"])
     with pytest.raises(SystemExit):
         bench_serving.parse_args([])
+
+
+def test_repeat_prints_how_much_runs_vary(base_url: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    runs = bench_serving.main([
+        "--base-url", base_url, "--concurrency", "2", "--num-prompts", "4",
+        "--output-len", "4", "--repeat", "3", "--warmup", "0", "--disable-tqdm",
+    ])
+    assert len(runs) == 3 and all(r.num_failed == 0 for r in runs)
+    assert "spread over 3 runs: output tok/s median" in capsys.readouterr().out
+    # The figures themselves, on known throughputs: median 100, range 20 (90..110).
+    fake = [SimpleNamespace(output_throughput=x) for x in (90.0, 100.0, 110.0, 104.0, 96.0)]
+    s = bench_serving.spread(fake)  # type: ignore[arg-type]
+    assert s["median"] == 100 and s["min"] == 90 and s["max"] == 110
+    assert s["range_pct"] == pytest.approx(20) and s["max_dev_pct"] == pytest.approx(10)
+    assert s["cv_pct"] == pytest.approx(100 * statistics.pstdev([90, 100, 110, 104, 96]) / 100)
