@@ -1,0 +1,140 @@
+"""Reading a GGUF file: its metadata and tensor table, and one tensor's data.
+
+Metadata and the tensor table are read with a small parser here: the `gguf`
+package's reader walks every vocabulary string through numpy and takes
+seconds. Tensor data stays on disk (the file is mapped); `dequantize_tensor`
+turns one tensor into float32 with `gguf.quants.dequantize`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections.abc import Container
+from math import prod
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+# Fixed-size metadata value types: GGUF type id → struct format.
+_SCALAR_FORMATS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+class GgufTensorInfo(NamedTuple):
+    name: str
+    shape: tuple[int, ...]  # torch order (slowest dimension first)
+    ggml_type: int
+    offset: int  # absolute byte offset in the file
+
+
+class GgufFile(NamedTuple):
+    path: str
+    metadata: dict[str, Any]  # string arrays not asked for are replaced by their length
+    tensors: list[GgufTensorInfo]
+
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _read_str(blob: mmap.mmap, pos: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", blob, pos)
+    pos += 8
+    return bytes(blob[pos : pos + n]).decode("utf-8", errors="replace"), pos + n
+
+
+def _read_value(blob: mmap.mmap, pos: int, vtype: int, keep_strings: bool) -> tuple[Any, int]:
+    if vtype in _SCALAR_FORMATS:
+        fmt = _SCALAR_FORMATS[vtype]
+        return struct.unpack_from(fmt, blob, pos)[0], pos + struct.calcsize(fmt)
+    if vtype == _GGUF_STRING:
+        return _read_str(blob, pos)
+    if vtype != _GGUF_ARRAY:
+        raise ValueError(f"unknown GGUF metadata type {vtype}")
+    etype, count = struct.unpack_from("<IQ", blob, pos)
+    pos += 12
+    if etype in _SCALAR_FORMATS:
+        fmt = _SCALAR_FORMATS[etype]
+        values = struct.unpack_from(f"<{count}{fmt[1]}", blob, pos)
+        return list(values), pos + count * struct.calcsize(fmt)
+    if etype != _GGUF_STRING:
+        raise ValueError(f"GGUF arrays of type {etype} are not supported")
+    strings: list[str] = []
+    for _ in range(count):
+        if keep_strings:
+            s, pos = _read_str(blob, pos)
+            strings.append(s)
+        else:
+            pos += 8 + struct.unpack_from("<Q", blob, pos)[0]
+    return (strings if keep_strings else count), pos
+
+
+def read_gguf(path: str, string_arrays: Container[str] = ()) -> GgufFile:
+    """Metadata and tensor table of a GGUF (v2/v3) file; tensor data stays on disk.
+
+    String arrays (the vocabulary, the merges) are read only when named in string_arrays.
+    """
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+        metadata, table, end = _read_header(blob, path, string_arrays)
+    alignment = int(metadata.get("general.alignment", 32))
+    data_start = -(-end // alignment) * alignment
+    tensors = [GgufTensorInfo(n, s, t, data_start + o) for n, s, t, o in table]
+    return GgufFile(path, metadata, tensors)
+
+
+def _read_header(
+    blob: mmap.mmap, path: str, string_arrays: Container[str]
+) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], int, int]], int]:
+    """(metadata, [(name, torch shape, ggml type, data offset)], end of the tensor table)."""
+    if blob[:4] != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file")
+    version, num_tensors, num_kv = struct.unpack_from("<IQQ", blob, 4)
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version} is not supported")
+    pos = 24
+    metadata: dict[str, Any] = {}
+    table: list[tuple[str, tuple[int, ...], int, int]] = []
+    for _ in range(num_kv):
+        key, pos = _read_str(blob, pos)
+        (vtype,) = struct.unpack_from("<I", blob, pos)
+        metadata[key], pos = _read_value(blob, pos + 4, vtype, key in string_arrays)
+    for _ in range(num_tensors):
+        name, pos = _read_str(blob, pos)
+        (ndim,) = struct.unpack_from("<I", blob, pos)
+        dims = struct.unpack_from(f"<{ndim}Q", blob, pos + 4)
+        ggml_type, offset = struct.unpack_from("<IQ", blob, pos + 4 + 8 * ndim)
+        pos += 4 + 8 * ndim + 12
+        table.append((name, tuple(reversed(dims)), ggml_type, offset))
+    return metadata, table, pos
+
+
+def dequantize_tensor(blob: np.ndarray, info: GgufTensorInfo) -> torch.Tensor:
+    """One tensor as float32, in its torch shape."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType(info.ggml_type)
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    row_bytes = info.shape[-1] // block_size * type_size
+    num_bytes = prod(info.shape[:-1]) * row_bytes
+    raw = blob[info.offset : info.offset + num_bytes].reshape(*info.shape[:-1], row_bytes)
+    values = dequantize(raw, qtype).astype(np.float32, copy=False).reshape(info.shape)
+    if not values.flags.writeable:  # a float32 tensor is a view of the read-only map
+        values = values.copy()
+    return torch.from_numpy(values)
+
+
