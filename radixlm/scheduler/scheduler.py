@@ -111,9 +111,10 @@ class Scheduler:
         if limit is not None and len(self.waiting) + self.num_compiling >= limit:
             self._fail(req, "The request queue is full.", status_code=503)  # SGLang's words
             return
-        if req.grammar_key is not None:
+        if req.grammar_key is not None or req.sampling_params.gates_reasoning:
             if self.grammars is None:
-                self._fail(req, "Grammar-constrained decoding is disabled on this server")
+                self._fail(req, "Grammar-constrained decoding (and thinking_token_budget) is "
+                           "disabled on this server (--grammar-backend none)")
             else:
                 self.grammars.add(req)
             return
