@@ -137,6 +137,11 @@ class ServerArgs:
         None, "Split a reasoning model's think block into reasoning_content: deepseek-r1 | "
         "qwen3 | qwen3-thinking. Grammars then start after the block ends.",
         choices=["deepseek-r1", "qwen3", "qwen3-thinking"])
+    max_stored_responses: int = _opt(
+        1024, "Most /v1/responses kept in memory for previous_response_id and GET (store: "
+        "true, the default); the oldest go first.")
+    stored_response_ttl: float = _opt(3600.0, "Seconds a stored /v1/responses response is "
+                                      "kept.")
     reasoning_budget: int | None = _opt(
         None, "Default thinking_token_budget (needs --reasoning-parser): once a request has "
         "spent this many tokens in its think block, the grammar writes the block's end and "
@@ -237,6 +242,9 @@ class ServerArgs:
             raise ValueError("--stream-interval must be at least 1")
         if self.grammar_compile_timeout <= 0:
             raise ValueError("--grammar-compile-timeout must be positive")
+        if self.max_stored_responses < 0 or self.stored_response_ttl <= 0:
+            raise ValueError("--max-stored-responses must be >= 0 and --stored-response-ttl "
+                             "positive")
         if self.max_tool_calls_per_turn < 1:
             raise ValueError("--max-tool-calls-per-turn must be at least 1")
         if self.reasoning_budget is not None:

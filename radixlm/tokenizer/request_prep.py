@@ -65,7 +65,7 @@ class RequestPreparer:
             input_ids, single.image_data or [], single.video_data or [], vocab_size, context_len)
         params = await self.tokenizer_workers.run(
             validate_request, single, input_ids, vocab_size, context_len,
-            self.args.grammar_backend, mm_inputs)
+            self.args.grammar_backend, mm_inputs, model_info.get("max_total_num_tokens"))
         self._check_budget(params)
         gated = params.grammar is not None or params.thinking_token_budget is not None
         if self.args.reasoning_parser and gated and params.reasoning_phase is None:
