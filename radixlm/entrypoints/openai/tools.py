@@ -131,8 +131,10 @@ def plan_tools(agents: AgentSettings, backend: str, tools: list[dict[str, Any]] 
                has_other_grammar: bool) -> ToolPlan | None:
     """The request's tool plan, or None without tools; APIError(400) on bad input."""
     if tools is None:
-        if tool_choice not in (None, "none", "auto"):
-            raise APIError("tool_choice needs tools", param="tool_choice")
+        if tool_choice not in (None, "none", "auto"):  # SGLang's words
+            which = "required" if tool_choice == "required" else "a specific tool"
+            raise APIError(f"Tools cannot be empty if tool choice is set to {which}.",
+                           param="tool_choice")
         return None
     try:
         specs = parse_tools(tools)
