@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import re
 import shutil
@@ -101,6 +102,7 @@ def anchors(text: str) -> set[str]:
     return out
 
 
+@functools.cache
 def _ignored_by_git(root: Path, path: Path) -> bool:
     if not (root / ".git").exists() or shutil.which("git") is None:
         return False
