@@ -34,10 +34,11 @@ logger = logging.getLogger(__name__)
 _SOURCES = [
     os.path.join(os.path.dirname(os.path.dirname(__file__)), "csrc", name)
     for name in ("cpu_kernels.cpp", "bf16_gemm.cpp", "bf16w_gemm.cpp", "layer_stack.cpp",
-                 "isa.cpp")
+                 "isa.cpp", "prepared_linear.cpp")
 ]
 _HEADERS = [os.path.join(os.path.dirname(_SOURCES[0]), name)
-            for name in ("claim_parallel.h", "pairs_tiles.h", "isa.h", "isa_instantiate.h")]
+            for name in ("claim_parallel.h", "pairs_tiles.h", "isa.h", "isa_instantiate.h",
+                         "prepared_linear.h")]
 _DISABLE_ENV = "RADIXLM_DISABLE_CPU_KERNELS"
 
 
@@ -123,7 +124,7 @@ def use_fused_cpu_kernel(x: torch.Tensor, fuse_float32: bool = False) -> bool:
     """Whether the fused elementwise kernels (silu_and_mul, add_rms_norm,
     rotary_embedding) take `x`: CPU tensors in bfloat16 or half when the kernels are
     built, and float32 ones where the layer's `fuse_float32` is set (the bf16_weights
-    mode, which `cpu_gemm.prepare_model` marks: not exact anyway, so its float32
+    mode, which `prepared_weight.prepare_model` marks: not exact anyway, so its float32
     elementwise steps need not be torch's). Plain float32 keeps torch's own operators,
     so the exact mode stays exactly what transformers computes."""
     wanted = x.dtype in (torch.bfloat16, torch.float16) or (fuse_float32 and x.dtype == torch.float32)
