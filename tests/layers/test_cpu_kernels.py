@@ -249,6 +249,7 @@ def test_linear_takes_the_pairs_or_the_small_batch_kernel() -> None:
     products; else the plain copy for 1-2 rows and oneDNN's packed weight beyond."""
     from radixlm.layers.cpu_gemm import can_pack, pairs_capable
     from radixlm.layers.linear import ColumnParallelLinear
+    from radixlm.layers.prepared_weight import OneDnnWeight, PairsWeight
 
     layer = ColumnParallelLinear(64, 96, bias=True, params_dtype=torch.bfloat16)
     if not can_pack(layer.weight):
@@ -261,9 +262,10 @@ def test_linear_takes_the_pairs_or_the_small_batch_kernel() -> None:
     pairs = pairs_capable(layer.weight)
     assert layer.prepare_weights("none", keep_plain=True) == "packed"
     if pairs:
-        assert layer._pairs is not None and layer._packed is None and layer._plain is None
+        assert isinstance(layer.prepared, PairsWeight)
     else:
-        assert layer._plain is not None and torch.equal(layer._plain, dense)
+        assert isinstance(layer.prepared, OneDnnWeight) and layer.prepared.plain is not None
+        assert torch.equal(layer.prepared.plain, dense)
     for rows in (1, 2, 3, 33):  # without the pairs kernel, 3 and 33: oneDNN's packed path
         x = torch.randn(rows, 64).to(torch.bfloat16)
         reference = x.float() @ dense.float().t() + layer.bias.float()

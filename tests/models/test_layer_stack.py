@@ -15,8 +15,9 @@ import torch
 from _forward_harness import PoolRunner, build_hf_model
 from _kernels import KERNELS_MISSING, bf16w_skip_reason
 
-from radixlm.layers.cpu_gemm import can_pack, pairs_capable, prepare_model
+from radixlm.layers.cpu_gemm import can_pack, pairs_capable
 from radixlm.layers.cpu_kernels import load_cpu_kernels
+from radixlm.layers.prepared_weight import PairsWeight, prepare_model
 from radixlm.model_loader.loader import load_model
 from radixlm.models import layer_stack
 
@@ -83,7 +84,8 @@ def test_layer_stack_equals_the_python_loop(tmp_path, model_type: str, dtype: to
     model, config = _load(tmp_path, model_type, dtype, quantization)
     if quantization == "bf16_weights":  # every projection takes the bf16w kernel, and
         # the float32 norms, rotary and SiLU the fused kernels, in both loops
-        assert all(layer.mlp.down_proj._pairs is not None and layer.self_attn.fuse_float32
+        assert all(isinstance(layer.mlp.down_proj.prepared, PairsWeight)
+                   and layer.self_attn.fuse_float32
                    and layer.mlp.act_fn.fuse_float32 and layer.input_layernorm.fuse_float32
                    for layer in model.model.layers)
         stack = layer_stack.stack_for(model.model)
