@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from radixlm.kv_tier_metrics import KVTierCollector
 from radixlm.tokenizer.generate_output import GenerateOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -111,6 +112,7 @@ class Metrics:
         self.model_name = model_name
         self.scheduler = _SchedulerCollector(model_name)
         self.registry.register(self.scheduler)
+        self.registry.register(KVTierCollector(model_name, lambda: self.scheduler.info))
         labels = ["model_name"]
         reg = self.registry
         self.ttft = _Twin(Histogram, "time_to_first_token_seconds",
