@@ -19,12 +19,12 @@ is wrong, and the caller must not use what was read.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import struct
 import threading
 from collections.abc import Sequence
-import io
 from typing import Any, BinaryIO
 
 import torch
