@@ -33,6 +33,7 @@ nor looked up.
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
@@ -61,7 +62,12 @@ class BufferSpec(NamedTuple):
         numel = 1
         for n in self.row_shape:
             numel *= n
-        return numel * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+        return numel * _element_size(self.dtype)
+
+
+@functools.cache
+def _element_size(dtype: str) -> int:
+    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
 
 
 def pool_layout(buffers: Sequence[tuple[str, torch.Tensor]]) -> tuple[BufferSpec, ...]:

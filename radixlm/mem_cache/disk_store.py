@@ -76,7 +76,7 @@ class DiskStore:
         self.root = os.path.abspath(root)
         self.max_bytes = max_bytes
         self.max_pending_bytes = max_pending_bytes or min(max_bytes, 1 << 30)
-        os.makedirs(self.root, exist_ok=True)
+        os.makedirs(self.root, mode=0o700, exist_ok=True)  # KV is served from here
         self._lock = threading.Lock()
         self._index: OrderedDict[bytes, _Entry] = OrderedDict()  # least recently used first
         self._num_bytes = 0
@@ -190,7 +190,7 @@ class DiskStore:
         folder = os.path.dirname(path)
         try:
             if folder not in self._dirs:
-                os.makedirs(folder, exist_ok=True)
+                os.makedirs(folder, mode=0o700, exist_ok=True)
                 self._dirs.add(folder)
             size = write_block(path, block.meta, block.rows)
         except OSError as e:
@@ -244,20 +244,21 @@ class DiskStore:
             return False
         except (BlockFileError, OSError) as e:
             logger.warning("KV disk tier: skipping damaged block file %s: %s", entry.path, e)
-            self.counters["damaged_blocks"] += 1
-            self._forget(meta.key, entry)
+            self._forget(meta.key, entry, damaged=True)
             _unlink_all([entry.path])
             return False
-        self.counters["read_blocks"] += 1
-        self.counters["read_bytes"] += size
+        with self._lock:  # several reader threads count here
+            self.counters["read_blocks"] += 1
+            self.counters["read_bytes"] += size
         try:
             os.utime(entry.path)  # the LRU order survives a restart
         except OSError:
             pass
         return True
 
-    def _forget(self, key: bytes, entry: _Entry) -> None:
+    def _forget(self, key: bytes, entry: _Entry, damaged: bool = False) -> None:
         with self._lock:
+            self.counters["damaged_blocks"] += damaged
             if self._index.get(key) == entry:
                 del self._index[key]
                 self._num_bytes -= entry.size

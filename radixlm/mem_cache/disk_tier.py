@@ -31,7 +31,8 @@ nothing after it.
 from __future__ import annotations
 
 import logging
-import threading
+import os
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -66,7 +67,8 @@ class DiskLoad:
         self.hit = hit
         self.rows: list[torch.Tensor] = []
         self.future: Future[int] = Future()
-        self.cancelled = threading.Event()
+        self.started = time.perf_counter()
+        self.seconds = 0.0  # how long the read took, once done
 
     def done(self) -> bool:
         return self.future.done()
@@ -78,8 +80,6 @@ class DiskLoad:
         except Exception:  # noqa: BLE001 - a failed read is a miss, already logged
             return 0
 
-    def cancel(self) -> None:
-        self.cancelled.set()
 
 
 class KVDiskTier:
@@ -95,6 +95,10 @@ class KVDiskTier:
         self.pseudo = PseudoTokenHashes()
         self.hasher = BlockHasher(namespace, block_size, vocab_size, self.pseudo)
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixlm-kv-disk-load")
+        # Blocks of one load are read (and checksummed: hashlib and file reads release
+        # the GIL) by a few threads at once: the cores are idle while a request waits.
+        self._readers = ThreadPoolExecutor(max_workers=min(os.cpu_count() or 1, 4),
+                                           thread_name_prefix="radixlm-kv-disk-read")
         self.num_offered_blocks = 0  # blocks copied out of the pool for writing
 
     @property
@@ -146,15 +150,18 @@ class KVDiskTier:
 
     # ------------------------------------------------------------------ reading
 
-    def lookup(self, tokens: Sequence[int], start: int) -> DiskHit | None:
+    def lookup(self, tokens: Sequence[int], start: int, keys: list[bytes] | None = None
+               ) -> DiskHit | None:
         """The stored blocks that continue a prefix of `tokens` whose first `start` tokens
-        the pool holds: blocks start // block_size, ... while stored (None: not the first)."""
+        the pool holds: blocks start // block_size, ... while stored (None: not the first).
+        keys: `hasher.keys(tokens)`, when the caller has them."""
         bs = self.block_size
         num_blocks = len(tokens) // bs
         first = start // bs
         if first >= num_blocks:
             return None
-        keys = self.hasher.keys(tokens, num_blocks)
+        if keys is None:
+            keys = self.hasher.keys(tokens, num_blocks)
         last = first
         while last < len(keys) and self.store.contains(keys[last]):
             last += 1
@@ -183,15 +190,20 @@ class KVDiskTier:
         n = len(hit.tokens)
         load.rows = [torch.empty((n, *s.row_shape), dtype=getattr(torch, s.dtype))
                      for s in self.layout]
+
+        def read_one(i: int) -> bool:
+            meta = BlockMeta(namespace, hit.keys[i], hit.tokens[i * bs : (i + 1) * bs],
+                             self.layout)
+            return self.store.read(meta, [r[i * bs : (i + 1) * bs] for r in load.rows])
+
+        # The chain ends at the first block that is missing or fails its checks.
         num_read = 0
-        for i, key in enumerate(hit.keys):
-            if load.cancelled.is_set():
-                break
-            meta = BlockMeta(namespace, key, hit.tokens[i * bs : (i + 1) * bs], self.layout)
-            if not self.store.read(meta, [r[i * bs : (i + 1) * bs] for r in load.rows]):
+        for ok in self._readers.map(read_one, range(len(hit.keys))):
+            if not ok:
                 break
             num_read += 1
         self.store.touch(hit.keys[:num_read])
+        load.seconds = time.perf_counter() - load.started
         return num_read * bs
 
     def write_to_pool(self, load: DiskLoad, offset: int, slots: torch.Tensor) -> None:
@@ -211,6 +223,7 @@ class KVDiskTier:
     def close(self, timeout: float = 3.0) -> None:
         """Finish queued writes (up to `timeout` s) and stop the threads."""
         self._loader.shutdown(wait=False, cancel_futures=True)
+        self._readers.shutdown(wait=False, cancel_futures=True)
         self.store.close(timeout)
 
     def check_integrity(self) -> None:

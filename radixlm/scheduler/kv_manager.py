@@ -155,7 +155,7 @@ class KVManager:
         kv_indices = self._row(req)[: req.kv_len].clone()
         if self.disk is not None:
             self.disk.offer(req, kv_indices)
-            req.disk_load = None
+            req.disk_load, req.disk_keys = None, None
         if self.shares_prefixes:
             self.cache.cache_finished(req.token_ids[: req.kv_len], kv_indices, req.last_node)
         else:
@@ -192,7 +192,7 @@ class KVManager:
         held = sum(r.num_own_slots for r in running if r.req_pool_idx is not None)
         check_kv_accounting(self.kv_pool, self.cache, held)
         if self.disk is not None:
-            self.disk.tier.check_integrity()
+            self.disk.check_integrity()
 
     def stats(self) -> dict[str, int]:
         free = self.kv_pool.available_size()

@@ -67,9 +67,13 @@ class Req:
         self.cached_len = 0
         self.last_node: Any = None  # the prefix cache's node (see BasePrefixCache)
         self.admit_seq: int | None = None  # order of the latest admission (retraction: newest)
-        # Disk tier (kv_disk.py): the load of its prefix in flight, the tokens the latest
-        # install added to the pool, how far its KV was offered for writing through.
+        # Disk tier (kv_disk.py): whether it waits for its prefix to be read, the load it
+        # waits for, the chain keys of its prompt's blocks (with the length they cover),
+        # the tokens the latest install added to the pool, how far its KV was offered
+        # for writing through.
+        self.disk_waiting = False
         self.disk_load: DiskLoad | None = None
+        self.disk_keys: tuple[int, list[bytes]] | None = None
         self.disk_hit_len = 0
         self.disk_offered_len = 0
 

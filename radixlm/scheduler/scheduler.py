@@ -125,8 +125,7 @@ class Scheduler:
     def _fail(self, req: Req, message: str, status_code: int | None = 400) -> None:
         """Finish a request that is not running (an error for the user, or an abort)."""
         req.finished_reason = FinishReason("abort", message=message, status_code=status_code)
-        if req.disk_load is not None:
-            req.disk_load.cancel()
+        req.disk_load = None  # a load other requests do not share is then dropped
         self.output.pending_finished.append(req)
         self.released_rids.append(req.rid)  # a retracted request may have runner state
 
