@@ -180,7 +180,7 @@ class ServerArgs:
                                        "batch results) may take together.")
     profile_dir: str | None = _opt(None, "Folder for /start_profile traces when the request "
                                    "names none (default: $TMPDIR/radixlm-profiles).")
-    # Parallelism (README "Scaling out")
+    # Parallelism (docs/scaling-out.md)
     tp_size: int = _opt(1, "Tensor-parallel ranks: processes that each hold a shard of the "
                         "model (heads, MLP, vocabulary) and run every step together "
                         "(torch.distributed: gloo on the CPU, NCCL on CUDA).")
