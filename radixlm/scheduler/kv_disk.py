@@ -31,7 +31,7 @@ import logging
 import os
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -42,8 +42,9 @@ from radixlm.mem_cache.radix_cache import RadixCache
 from radixlm.server_args import ServerArgs
 
 if TYPE_CHECKING:
+    from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
+    from radixlm.mem_cache.memory_pool import TokenToKVPool
     from radixlm.model_executor.model_runner import ModelRunner
-    from radixlm.scheduler.kv_manager import KVManager, PrefixMatch
     from radixlm.scheduler.request import Req
 
 logger = logging.getLogger(__name__)
@@ -85,10 +86,35 @@ def build_disk_tier(args: ServerArgs, runner: ModelRunner) -> KVDiskTier | None:
     return tier
 
 
-class DiskPrefetcher:
+class PrefixMatch(Protocol):
+    """kv_manager.PrefixMatch, as far as this module reads it."""
+
+    @property
+    def kv_indices(self) -> torch.Tensor: ...
+    @property
+    def last_node(self) -> Any: ...
+
+
+M = TypeVar("M", bound=PrefixMatch)
+M_co = TypeVar("M_co", bound=PrefixMatch, covariant=True)
+
+
+class SlotManager(Protocol[M_co]):
+    """The KVManager, as far as this module uses it (a Protocol: kv_manager imports this
+    module)."""
+
+    cache: BasePrefixCache
+    kv_pool: TokenToKVPool
+
+    def match(self, req: Req) -> M_co: ...
+    def alloc_slots(self, num_tokens: int) -> torch.Tensor | None: ...
+    def num_available_slots(self) -> int: ...
+
+
+class DiskPrefetcher(Generic[M]):
     """Per waiting request: look its prefix up on disk, load it, install it (see above)."""
 
-    def __init__(self, kv: KVManager, tier: KVDiskTier, write_through: bool) -> None:
+    def __init__(self, kv: SlotManager[M], tier: KVDiskTier, write_through: bool) -> None:
         self.kv = kv
         self.tier = tier
         self.write_through = write_through
@@ -107,7 +133,7 @@ class DiskPrefetcher:
         load: DiskLoad | None = req.disk_load
         return req.disk_waiting and (load is None or not load.done())
 
-    def admission_match(self, req: Req, match: PrefixMatch) -> PrefixMatch | None:
+    def admission_match(self, req: Req, match: M) -> M | None:
         """`match` (req's pool hit), longer when a finished load was installed; None while
         req waits for a load, which is started here when the disk has more of its prefix
         (and the rows of loads alive stay within `max_load_bytes`)."""

@@ -54,8 +54,9 @@ class KVManager:
         self.kv_pool = kv_pool
         self.cache = cache
         self.shares_prefixes = shares_prefixes
-        self.disk = (DiskPrefetcher(self, disk_tier, write_through)
-                     if disk_tier is not None and shares_prefixes else None)
+        self.disk: DiskPrefetcher[PrefixMatch] | None = (
+            DiskPrefetcher(self, disk_tier, write_through)
+            if disk_tier is not None and shares_prefixes else None)
 
     # ------------------------------------------------------------------ queries
 
