@@ -75,7 +75,13 @@ def build_disk_tier(args: ServerArgs, runner: ModelRunner) -> KVDiskTier | None:
         logger.warning("--kv-cache-dir ignored: this model keeps no shared prefix cache")
         return None
     pool = runner.token_to_kv_pool
-    store = DiskStore(os.path.expanduser(args.kv_cache_dir), args.kv_cache_disk_bytes)
+    root = os.path.expanduser(args.kv_cache_dir)
+    try:
+        store = DiskStore(root, args.kv_cache_disk_bytes)
+        if not os.access(store.root, os.W_OK | os.X_OK):
+            raise PermissionError("not writable")
+    except OSError as e:
+        raise ValueError(f"--kv-cache-dir {root!r} cannot be used: {e}") from e
     tier = KVDiskTier(pool, store, disk_namespace(args, runner),
                       args.kv_cache_disk_block_size, runner.vocab_size)
     cache.eviction_sink = tier

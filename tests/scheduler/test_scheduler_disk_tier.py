@@ -64,6 +64,11 @@ class PoolRunner:
         self.model_path = model_dir
         self.num_forward_tokens = 0
 
+    def update_weights_from_disk(self, model_path: str, load_format: str | None
+                                 ) -> tuple[bool, str]:
+        self.model_path = model_path
+        return True, "ok"
+
     def forward(self, step: ForwardStep) -> StepResult:
         pool = self.token_to_kv_pool
         slots = step.out_cache_loc
@@ -347,3 +352,48 @@ def test_a_load_waits_for_room_without_churning(tmp_path: Path, model_dir: str) 
     stats = s2.kv.stats()
     assert stats["kv_disk_installed_tokens_total"] == 64 and stats["kv_disk_loads_total"] == 1
     s2.close()
+
+
+def test_new_weights_key_new_blocks(tmp_path: Path, model_dir: str) -> None:
+    """/update_weights_from_disk: the old weights' blocks are never served for the new."""
+    from radixlm.io_struct import UpdateWeightsFromDiskReq
+    from radixlm.scheduler import control
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"other weights")
+    s = make(tmp_path / "kv", model_dir)
+    a = prompt(40, 40)
+    submit(s, "a", a)
+    run(s)
+    drain(s)
+    assert control.update_weights_from_disk(s, UpdateWeightsFromDiskReq(str(other))).success
+    submit(s, "a", a)
+    assert run(s)["a"][1:] == (0, 0)
+    s.close()
+
+
+def test_data_parallel_replicas_get_their_own_folder(tmp_path: Path) -> None:
+    from radixlm.scheduler.process import _replica_disk_tier
+
+    args = ServerArgs(kv_cache_dir=str(tmp_path), kv_cache_disk_bytes=1000, dp_size=2)
+    replica = _replica_disk_tier(args, 1)
+    assert replica.kv_cache_dir == str(tmp_path / "dp1")
+    assert replica.kv_cache_disk_bytes == 500
+
+
+def test_disk_tier_refuses_bad_flags(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="radix cache"):
+        ServerArgs(kv_cache_dir=str(tmp_path), disable_radix_cache=True)
+    with pytest.raises(ValueError, match="tp-size"):
+        ServerArgs(kv_cache_dir=str(tmp_path), tp_size=2)
+    with pytest.raises(ValueError, match="disk-bytes"):
+        ServerArgs(kv_cache_disk_bytes=0)
+    with pytest.raises(ValueError, match="block-size"):
+        ServerArgs(kv_cache_disk_block_size=0)
+
+
+def test_an_unusable_folder_is_a_clear_error(tmp_path: Path, model_dir: str) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(ValueError, match="--kv-cache-dir .* cannot be used"):
+        make(tmp_path / "file", model_dir)
