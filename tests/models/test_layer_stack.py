@@ -32,11 +32,6 @@ def _needs_packed_weights(dtype: torch.dtype) -> None:
         pytest.skip(KERNELS_MISSING)
     if not (pairs_capable(w) or can_pack(w)):
         pytest.skip(f"no packed {dtype} weights on this CPU (needs oneDNN)")
-    if dtype == torch.bfloat16 and not pairs_capable(w):
-        # A CPU with native bf16 run at a lower ISA level (the isa_level fixture): oneDNN
-        # packs the weights and keeps plain copies for small batches, which the stack
-        # does not take. A real CPU without AVX512_BF16 runs bf16_weights instead.
-        pytest.skip("bf16 steps take the stack with the pairs kernel (the avx512bf16 level)")
 
 
 def _load(tmp_path, model_type: str, dtype: torch.dtype = torch.bfloat16,  # type: ignore[no-untyped-def]
