@@ -8,9 +8,13 @@ Two sources:
   TokenizerManager;
 - the scheduler's state, read at scrape time (`update_from_server_info`):
   running, queued and compiling (grammar) requests, KV usage, cache hit
-  rate, generation throughput of the latest decode log line, and the prompt,
+  rate, generation throughput of the latest decode log line, the prompt,
   cached and generated token totals (counters the scheduler keeps, exposed as
-  Prometheus counters).
+  Prometheus counters), SGLang's `realtime_tokens_total` by mode
+  (prefill_compute, prefill_cache, decode), `forward_execution_seconds_total`
+  by category (extend, decode, mixed: the steps' forward passes, grammar masks
+  included) and, with speculative decoding, `spec_accept_length` (tokens kept
+  per verifying forward, the model's own one included) and `spec_accept_rate`.
 
 Every series exists twice, with the same labels and values: `radixlm:<name>`
 and SGLang's `sglang:<name>`, so dashboards and alerts written for SGLang
@@ -78,6 +82,15 @@ class _SchedulerCollector(Collector):
             ("num_retractions", "Requests retracted to the waiting queue (memory or "
              "priority preemption).", float(info.get("num_retractions") or 0)),
         ]
+        verify_steps = float(info.get("spec_num_verify_steps") or 0)
+        accepted = float(info.get("spec_num_accepted_tokens") or 0)
+        gauges += [
+            ("spec_accept_length", "Tokens kept per verifying forward pass of speculative "
+             "decoding (accepted drafts plus the model's own token); 0 without it.",
+             (accepted + verify_steps) / verify_steps if verify_steps else 0.0),
+            ("spec_accept_rate", "Accepted drafted tokens over drafted tokens.",
+             float(info.get("spec_accept_rate") or 0.0)),
+        ]
         for prefix in PREFIXES:
             for name, doc, value in gauges:
                 g = GaugeMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
@@ -87,6 +100,26 @@ class _SchedulerCollector(Collector):
                 c = CounterMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
                 c.add_metric([self.model_name], value)
                 yield c
+            yield from self._labelled_counters(prefix, prompt, cached)
+
+    def _labelled_counters(self, prefix: str, prompt: float, cached: float
+                           ) -> Iterator[Metric]:
+        info = self.info
+        tokens = CounterMetricFamily(
+            f"{prefix}:realtime_tokens", "Tokens processed. mode: prefill_compute, "
+            "prefill_cache, decode.", labels=["model_name", "mode"])
+        for mode, value in (("prefill_compute", prompt - cached), ("prefill_cache", cached),
+                            ("decode", float(info.get("num_generation_tokens_total") or 0))):
+            tokens.add_metric([self.model_name, mode], max(0.0, value))
+        yield tokens
+        seconds = CounterMetricFamily(
+            f"{prefix}:forward_execution_seconds", "Time spent in forward passes (grammar "
+            "masks included). category: extend, decode, mixed.",
+            labels=["model_name", "category"])
+        for category in ("extend", "decode", "mixed"):
+            value = float(info.get(f"forward_seconds_{category}") or 0.0)
+            seconds.add_metric([self.model_name, category], value)
+        yield seconds
 
 
 class _Twin:

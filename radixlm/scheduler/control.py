@@ -65,6 +65,8 @@ def server_info(scheduler: Scheduler) -> ServerInfoOut:
         grammar_mask_seconds_total=round(
             s.grammar_fill_seconds + runner.grammar_mask_seconds, 6),
         num_grammar_mask_steps=runner.num_grammar_mask_steps,
+        **{f"forward_seconds_{kind}": round(value, 6)
+           for kind, value in s.forward_seconds.items()},
     )
     info.update(s.output.stats())
     if runner.thread_governor is not None:

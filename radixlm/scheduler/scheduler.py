@@ -96,6 +96,8 @@ class Scheduler:
         self.num_admissions = 0
         self.num_steps = 0
         self.grammar_fill_seconds = 0.0  # filling grammar masks (the runner applies them)
+        # Wall time of forward passes (masks included) by the step's kind (metrics).
+        self.forward_seconds = {"extend": 0.0, "decode": 0.0, "mixed": 0.0}
         self.profiler = Profiler(server_args.profile_output_dir, server_args.device)
 
     # ------------------------------------------------------------------ input
@@ -112,15 +114,36 @@ class Scheduler:
             return
         limit = self.args.max_queued_requests
         if limit is not None and len(self.waiting) + self.num_compiling >= limit:
-            self._fail(req, "The request queue is full.", status_code=503)  # SGLang's words
-            return
-        if req.grammar_key is not None:
+            if not self._abort_less_urgent(req):
+                self._fail(req, "The request queue is full.", status_code=503)  # SGLang's words
+                return
+        if req.grammar_key is not None or req.sampling_params.gates_reasoning:
             if self.grammars is None:
-                self._fail(req, "Grammar-constrained decoding is disabled on this server")
+                self._fail(req, "Grammar-constrained decoding (and thinking_token_budget) is "
+                           "disabled on this server (--grammar-backend none)")
             else:
                 self.grammars.add(req)
             return
         self.waiting.append(req)
+
+    def _abort_less_urgent(self, req: Req) -> bool:
+        """With priority scheduling and a full queue: abort the least urgent waiting
+        request (the newest among equals; Batch API traffic first) if `req` is more
+        urgent, as SGLang does; whether one was aborted."""
+        if not self.priority.enabled or not self.waiting:
+            return False
+
+        def key(r: Req) -> tuple[bool, int, int]:
+            return (r.background, self.priority.rank(r), r.arrival_seq)
+
+        victim = max(self.waiting, key=key)
+        if key(req)[:2] >= key(victim)[:2]:
+            return False
+        self.waiting.remove(victim)
+        logger.info("Abort queued request %s for the more urgent %s", victim.rid, req.rid)
+        self._fail(victim, "The request is aborted by a higher priority request.",
+                   status_code=503)  # SGLang's words
+        return True
 
     def _fail(self, req: Req, message: str, status_code: int | None = 400) -> None:
         """Finish a request that is not running (an error for the user, or an abort)."""
@@ -190,7 +213,9 @@ class Scheduler:
         self._take_compiled_grammars()
         plan = self.schedule()
         if plan is not None:
+            start = time.perf_counter()
             result = self._run(plan)
+            self.forward_seconds[_step_kind(plan)] += time.perf_counter() - start
             self._process(plan, result)
             self.profiler.on_step()
         for req in self.output.pending_finished:
@@ -382,3 +407,12 @@ class Scheduler:
     def close(self) -> None:
         """Before the process exits: let the disk tier finish its queued writes."""
         self.kv.close()
+
+
+def _step_kind(plan: StepPlan) -> str:
+    """extend (prompt chunks, jump-forward or draft runs only), decode (one token each) or
+    mixed, as SGLang's forward modes name them."""
+    decodes = sum(1 for it in plan.items if it.extend_len == 1)
+    if decodes == len(plan.items):
+        return "decode"
+    return "mixed" if decodes else "extend"
