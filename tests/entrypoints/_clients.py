@@ -6,8 +6,8 @@ named tool with a string `city`, an object that validates), never what it says. 
 and numbers carry bounds so that every answer ends well inside its token budget.
 """
 
-from __future__ import annotations
-
+# NOTE: no `from __future__ import annotations`: the clients read get_weather's
+# annotations at run time to build its schema.
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
