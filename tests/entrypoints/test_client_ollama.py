@@ -13,7 +13,6 @@ from _clients import (
     CITY_PROMPT,
     MAX_TOKENS,
     QUESTION,
-    WEATHER_RESULT,
     CityInfo,
     get_weather,
 )
@@ -53,7 +52,9 @@ def test_structured_output(client: ollama.Client, name: str) -> None:
 
 
 def test_tool_loop(client: ollama.Client, name: str) -> None:
-    messages: list[Any] = [{"role": "user", "content": QUESTION}]
+    # (Ollama has no tool_choice: the question asks for the tool, and the generic format's
+    # grammar makes whatever the model chooses parse)
+    messages: list[Any] = [{"role": "user", "content": "Call get_weather: " + QUESTION}]
     first = client.chat(model=name, messages=messages, tools=[get_weather], options=OPTIONS)
     calls = first.message.tool_calls or []
     assert calls, first.message
@@ -64,7 +65,6 @@ def test_tool_loop(client: ollama.Client, name: str) -> None:
                   "content": get_weather(**c.function.arguments)} for c in calls]
     answer = client.chat(model=name, messages=messages, options={**OPTIONS, "num_predict": 24})
     assert answer.message.content and not answer.message.tool_calls
-    assert WEATHER_RESULT  # what the tool said reached the prompt: see test_ollama_fake
 
 
 def test_streaming(client: ollama.Client, name: str) -> None:
