@@ -33,10 +33,11 @@ logger = logging.getLogger(__name__)
 
 _SOURCES = [
     os.path.join(os.path.dirname(os.path.dirname(__file__)), "csrc", name)
-    for name in ("cpu_kernels.cpp", "bf16_gemm.cpp", "bf16w_gemm.cpp", "layer_stack.cpp")
+    for name in ("cpu_kernels.cpp", "bf16_gemm.cpp", "bf16w_gemm.cpp", "layer_stack.cpp",
+                 "isa.cpp")
 ]
 _HEADERS = [os.path.join(os.path.dirname(_SOURCES[0]), name)
-            for name in ("claim_parallel.h", "pairs_tiles.h")]
+            for name in ("claim_parallel.h", "pairs_tiles.h", "isa.h", "isa_instantiate.h")]
 _DISABLE_ENV = "RADIXLM_DISABLE_CPU_KERNELS"
 
 

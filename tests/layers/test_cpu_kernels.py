@@ -259,3 +259,22 @@ def test_linear_takes_the_pairs_or_the_small_batch_kernel() -> None:
         x = torch.randn(rows, 64).to(torch.bfloat16)
         reference = x.float() @ dense.float().t() + layer.bias.float()
         torch.testing.assert_close(layer(x).float(), reference, rtol=2e-2, atol=2e-2)
+
+
+def test_isa_levels_switch_and_name_what_the_cpu_has() -> None:
+    """The kernels run at one ISA level at a time (csrc/isa.h): the highest the CPU has by
+    default, any lower one the CPU has on request, never one it lacks."""
+    if load_cpu_kernels() is None:
+        pytest.skip("CPU kernels are not built here")
+    ops = torch.ops.radixlm
+    supported = list(ops.supported_isas())
+    assert supported and ops.isa() in supported
+    original = ops.isa()
+    try:
+        for level in supported:
+            ops.set_isa(level)
+            assert ops.isa() == level
+        with pytest.raises(RuntimeError, match="unknown ISA level"):
+            ops.set_isa("sse9")
+    finally:
+        ops.set_isa(original)
