@@ -86,11 +86,13 @@ class ErrorShapeMiddleware:
             return
         start: Message | None = None
         chunks: list[bytes] = []
+        started = False  # a response start went out
 
         async def reshaping_send(message: Message) -> None:
-            nonlocal start
+            nonlocal start, started
             if message["type"] == "http.response.start":
                 if message["status"] < 400 or not _is_json(message):
+                    started = True
                     await send(message)
                     return
                 start = message
@@ -100,9 +102,22 @@ class ErrorShapeMiddleware:
                 return
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
+                started = True
                 await _send_reshaped(send, start, b"".join(chunks), shape)
 
-        await self.app(scope, receive, reshaping_send)
+        try:
+            await self.app(scope, receive, reshaping_send)
+        except Exception as e:
+            # NOTE: an unexpected failure is answered by Starlette's outermost handler,
+            # outside this middleware; answer it here in the API's shape instead (the
+            # handler then only re-raises, and the traceback is logged as before).
+            if not started:
+                body = orjson.dumps(shape(500, f"Internal server error: {type(e).__name__}"))
+                await send({"type": "http.response.start", "status": 500, "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+            raise
 
 
 def _is_json(start: Message) -> bool:

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from _fake_runtime import REPLY, FakeTokenizerManager, byte_tokenizer, serve_fake
 
+from radixlm.entrypoints.openai.protocol import ChatCompletionRequest
+
 TOOLS = [{"name": "get_weather", "description": "The weather of a city",
           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
                            "required": ["city"]}}]
@@ -264,3 +266,12 @@ def test_x_api_key(tokenizer: Any) -> None:
         _error(c.post("/v1/messages", json=body), 401, "authentication_error", "x-api-key")
         r = c.get("/v1/models", headers={"x-api-key": "sk-test"})  # any route takes it
         assert r.status_code == 200
+
+
+@pytest.mark.skipif("thinking_token_budget" not in ChatCompletionRequest.model_fields,
+                    reason="the native thinking_token_budget is not in this tree yet")
+def test_thinking_budget_reaches_the_runtime(thinker: Served) -> None:
+    c, tm = thinker
+    body = {"type": "enabled", "budget_tokens": 5}
+    assert _create(c, THINK_REPLY, thinking=body).status_code == 200
+    assert tm.received[-1].sampling_params["thinking_token_budget"] == 5

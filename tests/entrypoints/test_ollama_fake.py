@@ -268,3 +268,20 @@ def test_other_errors_are_ollama_errors(plain: Served) -> None:
            400, "JSON")
     _error(c.post("/api/pull", json={"model": "m"}), 404)
     _error(c.get("/api/chat"), 405)
+
+
+def test_an_unexpected_failure_is_a_500_in_each_shape(tokenizer: Any) -> None:
+    for c, tm in serve_fake(tokenizer):
+        def broken(obj: Any) -> Any:
+            raise RuntimeError("bug")
+
+        tm.generate = broken  # type: ignore[method-assign]
+        r = c.post("/api/chat", json={"model": "m", "messages": USER})
+        assert r.status_code == 500 and r.json() == {"error": "Internal server error: "
+                                                              "RuntimeError"}
+        r = c.post("/v1/messages", json={"model": "m", "max_tokens": 2, "messages": USER})
+        assert r.status_code == 500
+        assert r.json()["error"] == {"type": "api_error",
+                                     "message": "Internal server error: RuntimeError"}
+        r = c.post("/v1/chat/completions", json={"messages": USER})
+        assert r.status_code == 500 and r.json()["object"] == "error"
