@@ -25,7 +25,7 @@ def serve(ns: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.node_rank > 0:  # a node that runs TP ranks only (see README "Scaling out")
+    if args.node_rank > 0:  # a node that runs TP ranks only (see docs/scaling-out.md)
         from radixlm.distributed.worker import run_worker_node
 
         return run_worker_node(args)
