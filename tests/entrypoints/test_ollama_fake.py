@@ -230,6 +230,7 @@ def test_model_routes(plain: Served) -> None:
         show = c.post("/api/show", json={"model": name}).json()
         assert show["capabilities"] == ["completion", "tools"]
         assert show["model_info"]["fake.context_length"] == 512
+        assert "add_generation_prompt" in show["template"]  # the chat template's text
     _error(c.post("/api/show", json={"model": "other"}), 404, "not found")
     _error(c.post("/api/show", json={}), 400, "model")
     _error(c.post("/api/embed", json={"model": "m", "input": "x"}), 400, "embedding")

@@ -27,6 +27,7 @@ from starlette.responses import Response
 
 from radixlm.entrypoints.http_utils import parse_body
 from radixlm.entrypoints.ollama.protocol import EmbeddingsRequest, EmbedRequest, ShowRequest
+from radixlm.entrypoints.openai.agents import template_source
 from radixlm.entrypoints.openai.errors import APIError, JSONResponse
 from radixlm.entrypoints.openai.serving_embedding import _encode
 from radixlm.entrypoints.server_state import ServerState
@@ -92,11 +93,12 @@ async def show(request: Request, state: ServerState) -> Response:
     details = _details(state)
     arch = details["family"] or "unknown"
     info = dict(state.tm.model_info)
-    template = state.chat_template
+    template = (template_source(state.chat_template, state.tm.tokenizer) or ""
+                if state.chat_template is not None and state.tm.tokenizer is not None else "")
     return JSONResponse({
         "license": "", "modelfile": f"FROM {state.args.model_path or state.model_name}\n",
         "parameters": f"num_ctx {state.context_length}",
-        "template": (template.source or "") if template is not None else "",
+        "template": template,  # the chat template's Jinja text
         "details": details, "modified_at": _STARTED, "capabilities": capabilities(state),
         "model_info": {"general.architecture": arch,
                        f"{arch}.context_length": state.context_length,
