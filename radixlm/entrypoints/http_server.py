@@ -31,7 +31,10 @@ from fastapi import FastAPI
 
 from radixlm import __version__
 from radixlm.entrypoints import control_api, native_api, playground, sglang_api
+from radixlm.entrypoints.anthropic import serving as anthropic_api
+from radixlm.entrypoints.error_shapes import ErrorShapeMiddleware
 from radixlm.entrypoints.middleware import install_middleware
+from radixlm.entrypoints.ollama import api as ollama_api
 from radixlm.entrypoints.openai import api as openai_api
 from radixlm.entrypoints.openai import batch_api
 from radixlm.entrypoints.openai.batch_api import run_in_process
@@ -116,12 +119,15 @@ def create_app(args: ServerArgs, start_runtime: RuntimeStarter | None = None) ->
     app.state.files = files
     install_error_handlers(app)
     install_middleware(app, args.api_key, args.max_request_bytes)
-    install_cross_site_protection(app, args)  # outermost: before the key and size checks
+    install_cross_site_protection(app, args)  # before the key and size checks
+    app.add_middleware(ErrorShapeMiddleware)  # outermost: Anthropic's and Ollama's error bodies
     app.include_router(native_api.router)
     app.include_router(control_api.router)
     app.include_router(openai_api.router)
     app.include_router(batch_api.router)
     app.include_router(sglang_api.router)
+    app.include_router(anthropic_api.router)
+    app.include_router(ollama_api.router)
     app.include_router(playground.router)
     return app
 
