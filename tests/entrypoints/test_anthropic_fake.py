@@ -19,6 +19,8 @@ TOOLS = [{"name": "get_weather", "description": "The weather of a city",
 HERMES_REPLY = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": '
                 '{"city": "Paris"}}\n</tool_call>$')
 THINK_REPLY = "<think>\nTwo and two.\n</think>\n\nThe answer is 4."
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+REPEAT_REPLY = CALL * 6
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 Served = tuple[Any, FakeTokenizerManager]
 
@@ -36,6 +38,11 @@ def plain(tokenizer: Any) -> Iterator[Served]:
 @pytest.fixture(scope="module")
 def hermes(tokenizer: Any) -> Iterator[Served]:
     yield from serve_fake(tokenizer, HERMES_REPLY, chat_template="hermes")
+
+
+@pytest.fixture(scope="module")
+def repeater(tokenizer: Any) -> Iterator[Served]:
+    yield from serve_fake(tokenizer, REPEAT_REPLY, chat_template="hermes")
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +282,22 @@ def test_thinking_budget_reaches_the_runtime(thinker: Served) -> None:
     body = {"type": "enabled", "budget_tokens": 5}
     assert _create(c, THINK_REPLY, thinking=body).status_code == 200
     assert tm.received[-1].sampling_params["thinking_token_budget"] == 5
+
+
+def test_thinking_without_a_reasoning_parser_is_no_error(plain: Served) -> None:
+    c, tm = plain
+    r = _create(c, max_tokens=4, thinking={"type": "enabled", "budget_tokens": 64})
+    assert r.status_code == 200, r.text
+    assert "thinking_token_budget" not in tm.received[-1].sampling_params
+
+
+def test_a_repeated_call_ends_the_answer(repeater: Served) -> None:
+    c, _ = repeater
+    n = len(REPEAT_REPLY.encode())
+    body = _create(c, REPEAT_REPLY, max_tokens=n, tools=TOOLS).json()
+    assert [b["type"] for b in body["content"]] == ["tool_use"]
+    assert body["stop_reason"] == "tool_use" and body["usage"]["output_tokens"] < n
+    events = _events(_create(c, REPEAT_REPLY, max_tokens=n, tools=TOOLS, stream=True))
+    starts = [d["content_block"]["type"] for e, d in events if e == "content_block_start"]
+    assert starts == ["tool_use"]
+    assert events[-2][1]["delta"]["stop_reason"] == "tool_use"

@@ -18,6 +18,8 @@ HERMES_REPLY = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments"
                 '{"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", '
                 '"arguments": {"city": "Rome"}}\n</tool_call>$')
 THINK_REPLY = "<think>\nTwo and two.\n</think>\n\nThe answer is 4."
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+REPEAT_REPLY = CALL * 6
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 DURATIONS = ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration")
 Served = tuple[Any, FakeTokenizerManager]
@@ -286,3 +288,15 @@ def test_an_unexpected_failure_is_a_500_in_each_shape(tokenizer: Any) -> None:
                                      "message": "Internal server error: RuntimeError"}
         r = c.post("/v1/chat/completions", json={"messages": USER})
         assert r.status_code == 500 and r.json()["object"] == "error"
+
+
+def test_a_repeated_call_ends_the_answer(tokenizer: Any) -> None:
+    n = len(REPEAT_REPLY.encode())
+    for c, _ in serve_fake(tokenizer, REPEAT_REPLY, chat_template="hermes"):
+        body = _chat(c, n, tools=TOOLS, stream=False).json()
+        assert [call["function"]["arguments"] for call in body["message"]["tool_calls"]] == [
+            {"city": "Paris"}]
+        assert body["done_reason"] == "stop" and body["eval_count"] < n
+        lines = _lines(_chat(c, n, tools=TOOLS))
+        calls = [call for line in lines for call in line["message"].get("tool_calls", [])]
+        assert len(calls) == 1 and lines[-1]["done"] and lines[-1]["done_reason"] == "stop"

@@ -9,7 +9,8 @@ import json
 from typing import Any, NamedTuple
 
 from radixlm.entrypoints.anthropic.protocol import MessagesRequest
-from radixlm.entrypoints.openai.serving_chat import ChatJob
+from radixlm.entrypoints.openai.serving_chat import ChatJob, is_cut
+from radixlm.entrypoints.openai.tools import ChoiceParser
 from radixlm.tokenizer.generate_output import GenerateOutput
 
 
@@ -18,9 +19,13 @@ class StopInfo(NamedTuple):
     sequence: str | None
 
 
-def stop_info(out: GenerateOutput, called: bool, stop_sequences: list[str] | None) -> StopInfo:
-    """Anthropic's stop_reason and stop_sequence for a finished output."""
+def stop_info(out: GenerateOutput, parser: ChoiceParser, stop_sequences: list[str] | None,
+              called: bool) -> StopInfo:
+    """Anthropic's stop_reason and stop_sequence for a finished output (`called`: its
+    answer holds tool_use blocks)."""
     finish = out.finish_reason
+    if parser.stopped:  # the route ended it at a repeated call or the call limit
+        return StopInfo("tool_use", None)
     if finish is None:
         return StopInfo(None, None)
     if called and finish.type == "stop":
@@ -51,7 +56,9 @@ def call_input(arguments: str) -> dict[str, Any] | None:
 
 def message_body(out: GenerateOutput, req: MessagesRequest, job: ChatJob, msg_id: str,
                  model: str) -> dict[str, Any]:
-    parsed = job.parser().parse_whole(out.text)
+    parser = job.parser()
+    finish = out.finish_reason.type if out.finish_reason is not None else None
+    parsed = parser.parse_whole(out.text, cut=is_cut(finish))
     calls = []
     for call in parsed.tool_calls:
         arguments = call_input(call["function"]["arguments"])
@@ -65,7 +72,7 @@ def message_body(out: GenerateOutput, req: MessagesRequest, job: ChatJob, msg_id
     if parsed.content or not calls:
         content.append({"type": "text", "text": parsed.content})
     content.extend(calls)
-    stop = stop_info(out, bool(calls), req.stop_sequences)
+    stop = stop_info(out, parser, req.stop_sequences, bool(calls))
     return {"id": msg_id, "type": "message", "role": "assistant", "model": model,
             "content": content, "stop_reason": stop.reason, "stop_sequence": stop.sequence,
             "usage": usage(out)}

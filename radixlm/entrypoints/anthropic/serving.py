@@ -36,11 +36,11 @@ from radixlm.entrypoints.anthropic.protocol import CountTokensRequest, MessagesR
 from radixlm.entrypoints.anthropic.response import message_body
 from radixlm.entrypoints.anthropic.stream import stream_message
 from radixlm.entrypoints.anthropic.translate import chat_request_dict
-from radixlm.entrypoints.http_utils import collect, parse_body
+from radixlm.entrypoints.http_utils import parse_body
 from radixlm.entrypoints.native_api import state_of
 from radixlm.entrypoints.openai.errors import APIError, JSONResponse, validation_error
 from radixlm.entrypoints.openai.protocol import ChatCompletionRequest
-from radixlm.entrypoints.openai.serving_chat import ChatJob, prepare_chat
+from radixlm.entrypoints.openai.serving_chat import ChatJob, prepare_chat, run_chat
 from radixlm.entrypoints.openai.utils import new_id
 from radixlm.entrypoints.server_state import ServerState
 
@@ -60,7 +60,8 @@ async def count_tokens(request: Request) -> Response:
     state.tokenizer_engine("/v1/messages/count_tokens")
     check_version(request)
     req = await parse_body(request, CountTokensRequest)
-    job = await prepare_chat(state, chat_request(chat_request_dict(req)))
+    thinks = state.agents is not None and state.agents.reasoning_parser is not None
+    job = await prepare_chat(state, chat_request(chat_request_dict(req, thinks=thinks)))
     return JSONResponse({"input_tokens": len(job.obj.input_ids or [])})
 
 
@@ -82,13 +83,14 @@ async def create_message(request: Request, state: ServerState) -> Response:
     tm = state.engine()
     check_version(request)
     req = await parse_body(request, MessagesRequest)
-    job = await prepare_chat(state, chat_request(chat_request_dict(req, stream=req.stream)))
+    thinks = state.agents is not None and state.agents.reasoning_parser is not None
+    job = await prepare_chat(state, chat_request(chat_request_dict(req, req.stream, thinks)))
     cap_to_context(job, state.context_length)
     msg_id = new_id("msg").replace("-", "_")
     model = req.model
     if req.stream:
-        return await stream_message(request, tm.generate(job.obj), req, job, msg_id)
-    outs = await collect(request, tm.generate(job.obj))
+        return await stream_message(request, tm, req, job, msg_id)
+    outs = await run_chat(request, tm, job)  # with tools: ended at a repeated call
     return JSONResponse(message_body(outs[0], req, job, msg_id, model))
 
 

@@ -11,9 +11,10 @@
 
 Each runtime output goes through the OpenAI layer's `ChoiceParser` (the
 reasoning parser, then the tool parser); a kind of output other than the open
-block's closes it and opens the next. A tool call's header opens a `tool_use`
-block (`id`, `name`, `input: {}`) and its argument fragments are its
-`input_json_delta`s. An answer with no output at all still has one (empty)
+block's closes it and opens the next. A tool call, sent once complete, opens a
+`tool_use` block (`id`, `name`, `input: {}`) whose `input_json_delta` holds its
+arguments; an answer that repeats a call or reaches the call limit is ended
+there (`stop_reason` "tool_use"), as on the OpenAI routes. An answer with no output at all still has one (empty)
 text block, as the non-streamed message does. A failure after the first event
 is an `error` event, and the stream ends there.
 """
@@ -31,8 +32,9 @@ from radixlm.entrypoints.anthropic.protocol import MessagesRequest
 from radixlm.entrypoints.anthropic.response import stop_info, usage
 from radixlm.entrypoints.error_shapes import anthropic_error_body
 from radixlm.entrypoints.http_utils import aclose, all_outputs, open_stream, sse_response
+from radixlm.entrypoints.openai.call_watch import STOP_MESSAGE
 from radixlm.entrypoints.openai.errors import APIError
-from radixlm.entrypoints.openai.serving_chat import ChatJob
+from radixlm.entrypoints.openai.serving_chat import ChatJob, is_cut
 from radixlm.tokenizer.generate_output import GenerateOutput
 
 
@@ -40,12 +42,12 @@ def event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-async def stream_message(request: Request, outputs: AsyncIterator[GenerateOutput],
-                         req: MessagesRequest, job: ChatJob, msg_id: str
-                         ) -> StreamingResponse:
+async def stream_message(request: Request, tm: Any, req: MessagesRequest, job: ChatJob,
+                         msg_id: str) -> StreamingResponse:
     """The event stream (errors before the first output are a plain HTTP error)."""
+    outputs: AsyncIterator[GenerateOutput] = tm.generate(job.obj)
     first = await open_stream(request, outputs)
-    translator = MessageStream(req, job, msg_id)
+    translator = MessageStream(req, job, msg_id, tm)
 
     async def events() -> AsyncGenerator[bytes, None]:
         rest = all_outputs(first, outputs)
@@ -65,19 +67,27 @@ async def stream_message(request: Request, outputs: AsyncIterator[GenerateOutput
 class MessageStream:
     """Runtime outputs of one request → Anthropic events (see the module docstring)."""
 
-    def __init__(self, req: MessagesRequest, job: ChatJob, msg_id: str) -> None:
+    def __init__(self, req: MessagesRequest, job: ChatJob, msg_id: str, tm: Any) -> None:
         self.req = req
         self.msg_id = msg_id
+        self.tm = tm
         self.parser = job.parser()
         self.started = False
+        self.ended = False  # message_stop was sent
         self.index = -1  # the latest block's index
         self.open_kind: str | None = None  # the open block's type
         self.call_blocks: dict[int, int] = {}  # tool call index → its block's index
 
     def events(self, out: GenerateOutput) -> list[bytes]:
+        if self.ended:  # stopped at a call: what follows is not shown
+            return []
         events = [] if self.started else self._start(out)
-        finish = out.finish_reason
-        reasoning, content, calls = self.parser.feed(out.text, final=finish is not None)
+        finish = out.finish_reason.type if out.finish_reason is not None else None
+        reasoning, content, calls = self.parser.feed(out.text, final=finish is not None,
+                                                     cut=is_cut(finish))
+        if self.parser.stopped and finish is None:  # a repeated call or the call limit
+            self.tm.abort_request(out.rid, message=STOP_MESSAGE)
+            finish = "stop"
         if reasoning:
             events += self._ensure("thinking", {"thinking": "", "signature": ""})
             if self.req.shows_thinking:
@@ -88,6 +98,7 @@ class MessageStream:
         for call in calls:
             events += self._call(call)
         if finish is not None:
+            self.ended = True
             events += self._finish(out)
         return events
 
@@ -142,7 +153,7 @@ class MessageStream:
         if self.index < 0:  # nothing at all: one empty text block
             events += self._ensure("text", {"text": ""})
             events += self._close()
-        stop = stop_info(out, bool(self.call_blocks), self.req.stop_sequences)
+        stop = stop_info(out, self.parser, self.req.stop_sequences, bool(self.call_blocks))
         events.append(event("message_delta", {
             "type": "message_delta",
             "delta": {"stop_reason": stop.reason, "stop_sequence": stop.sequence},

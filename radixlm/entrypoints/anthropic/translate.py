@@ -43,8 +43,13 @@ from radixlm.entrypoints.anthropic.protocol import (
 from radixlm.entrypoints.openai.errors import APIError
 
 
-def chat_request_dict(req: ConversationRequest, stream: bool = False) -> dict[str, Any]:
-    """The OpenAI chat request body for `req` (validated as ChatCompletionRequest next)."""
+def chat_request_dict(req: ConversationRequest, stream: bool = False,
+                      thinks: bool = True) -> dict[str, Any]:
+    """The OpenAI chat request body for `req` (validated as ChatCompletionRequest next).
+
+    thinks: the server has a reasoning parser; without one a thinking budget has no
+    think block to bound, and is not sent (Anthropic's clients, Claude Code among them,
+    ask for thinking whatever the model)."""
     messages = _system(req.system) + [m for i, msg in enumerate(req.messages)
                                       for m in _message(msg, i)]
     body: dict[str, Any] = {"model": req.model, "messages": messages, "stream": stream}
@@ -58,9 +63,7 @@ def chat_request_dict(req: ConversationRequest, stream: bool = False) -> dict[st
     kwargs: dict[str, Any] = {}
     if req.thinking is not None:
         kwargs["enable_thinking"] = req.thinking.type != "disabled"
-        if req.thinking.type == "enabled":
-            # TODO(w32a): the native `thinking_token_budget` (issue 32, item 6); until
-            # ChatCompletionRequest declares it, the OpenAI layer ignores the field.
+        if req.thinking.type == "enabled" and thinks:
             body["thinking_token_budget"] = req.thinking.budget_tokens
     if req.output_config is not None and req.output_config.effort is not None:
         kwargs["reasoning_effort"] = req.output_config.effort

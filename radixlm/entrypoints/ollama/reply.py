@@ -12,8 +12,9 @@ first output token, `eval_duration` after it; `load_duration` is 0: the model
 is always loaded). A whole answer is that last object with everything in it.
 
 Tool calls (chat): each with its arguments as an object (Ollama's shape), sent
-whole once complete (when the next call begins, or at the end); a call cut by
-the token limit, whose arguments are not a whole JSON object, is dropped.
+whole once complete; a call cut by the token limit is dropped, and an answer
+that repeats a call or reaches the call limit ends there (done_reason "stop"),
+as on the OpenAI routes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from radixlm.entrypoints.openai.serving_chat import ChatJob
+from radixlm.entrypoints.openai.call_watch import STOP_MESSAGE
+from radixlm.entrypoints.openai.serving_chat import ChatJob, is_cut
 from radixlm.entrypoints.openai.tools import ChoiceParser
 from radixlm.tokenizer.generate_output import GenerateOutput
 
@@ -59,60 +61,54 @@ def ollama_call(call_id: str, index: int, name: str, arguments: str) -> dict[str
 class Reply:
     """One request's outputs as Ollama objects (`chat`: /api/chat, else /api/generate)."""
 
-    def __init__(self, model: str, job: ChatJob, chat: bool, start_ns: int,
+    def __init__(self, model: str, job: ChatJob, chat: bool, start_ns: int, tm: Any,
                  context_ids: list[int] | None = None) -> None:
         self.model = model
+        self.tm = tm
+        self.ended = False  # the last object was sent
         self.job = job
         self.chat = chat
         self.start_ns = start_ns
         self.context_ids = context_ids  # /api/generate: the prompt's ids, for `context`
         self.output_ids: list[int] = []
         self.parser: ChoiceParser = job.parser()
-        self.calls: list[dict[str, Any]] = []  # {"id", "name", "arguments"} as they stream
-        self.num_sent_calls = 0
 
     # ---------------------------------------------------------------- whole
 
     def whole(self, out: GenerateOutput) -> dict[str, Any]:
         self.output_ids += out.token_ids
-        parsed = self.parser.parse_whole(out.text)
+        finish = out.finish_reason.type if out.finish_reason is not None else None
+        parsed = self.parser.parse_whole(out.text, cut=is_cut(finish))
         calls = [c for i, raw in enumerate(parsed.tool_calls)
                  if (c := ollama_call(raw["id"], i, raw["function"]["name"],
                                       raw["function"]["arguments"])) is not None]
-        return {**self._body(parsed.reasoning, parsed.content, calls), **self._final(out)}
+        finish = "stop" if self.parser.stopped else finish
+        return {**self._body(parsed.reasoning, parsed.content, calls),
+                **self._final(out, finish)}
 
     # ---------------------------------------------------------------- streamed
 
     def chunks(self, out: GenerateOutput) -> list[dict[str, Any]]:
+        if self.ended:  # stopped at a call: what follows is not shown
+            return []
         self.output_ids += out.token_ids
-        final = out.finish_reason is not None
-        reasoning, content, deltas = self.parser.feed(out.text, final=final)
-        for delta in deltas:
-            function = delta.get("function") or {}
-            if delta.get("id") is not None:
-                self.calls.append({"id": delta["id"], "name": function.get("name", ""),
-                                   "arguments": ""})
-            if self.calls:
-                self.calls[-1]["arguments"] += function.get("arguments") or ""
-        calls = self._complete_calls(final)
+        finish = out.finish_reason.type if out.finish_reason is not None else None
+        reasoning, content, deltas = self.parser.feed(out.text, final=finish is not None,
+                                                      cut=is_cut(finish))
+        if self.parser.stopped and finish is None:  # a repeated call or the call limit
+            self.tm.abort_request(out.rid, message=STOP_MESSAGE)
+            finish = "stop"
+        final = finish is not None
+        calls = [c for d in deltas
+                 if (c := ollama_call(d["id"], d["index"], d["function"]["name"],
+                                      d["function"]["arguments"])) is not None]
         chunks = []
         if reasoning or content or calls:
             chunks.append({**self._body(reasoning, content, calls), "done": False})
         if final:
-            chunks.append({**self._body("", "", []), **self._final(out)})
+            self.ended = True
+            chunks.append({**self._body("", "", []), **self._final(out, finish)})
         return chunks
-
-    def _complete_calls(self, final: bool) -> list[dict[str, Any]]:
-        """The calls not sent yet that are complete: all but a last one still open."""
-        end = len(self.calls) if final else len(self.calls) - 1
-        ready = []
-        for i in range(self.num_sent_calls, max(end, self.num_sent_calls)):
-            c = self.calls[i]
-            call = ollama_call(c["id"], i, c["name"], c["arguments"])
-            if call is not None:
-                ready.append(call)
-        self.num_sent_calls = max(end, self.num_sent_calls)
-        return ready
 
     # ---------------------------------------------------------------- fields
 
@@ -132,13 +128,12 @@ class Reply:
                 body["thinking"] = reasoning
         return body
 
-    def _final(self, out: GenerateOutput) -> dict[str, Any]:
-        finish = out.finish_reason.type if out.finish_reason is not None else "stop"
+    def _final(self, out: GenerateOutput, finish: str | None) -> dict[str, Any]:
         first = out.first_token_time if out.first_token_time is not None else out.created
         prompt_ns = max(int((first - out.created) * 1e9), 1)
         eval_ns = max(int(out.e2e_latency * 1e9) - prompt_ns, 1)
         body: dict[str, Any] = {
-            "done": True, "done_reason": finish,
+            "done": True, "done_reason": finish or "stop",
             "total_duration": max(time.monotonic_ns() - self.start_ns, prompt_ns + eval_ns),
             "load_duration": 0,
             "prompt_eval_count": out.prompt_tokens, "prompt_eval_duration": prompt_ns,

@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -40,9 +39,10 @@ from radixlm.entrypoints.ollama.translate import (
     generate_request_dict,
     sampling_fields,
 )
+from radixlm.entrypoints.openai.call_watch import merge_outputs
 from radixlm.entrypoints.openai.errors import APIError, JSONResponse, validation_error
 from radixlm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from radixlm.entrypoints.openai.serving_chat import ChatJob, prepare_chat
+from radixlm.entrypoints.openai.serving_chat import ChatJob, prepare_chat, run_chat
 from radixlm.entrypoints.openai.serving_completions import tokenize_prompts
 from radixlm.entrypoints.openai.utils import new_id
 from radixlm.entrypoints.server_state import ServerState
@@ -61,7 +61,7 @@ async def chat(request: Request, state: ServerState) -> Response:
     check_think(state, req.model, req.think)
     job = await prepare_chat(state, _chat_request(chat_request_dict(req)))
     fit_context(job, req.options, state.context_length)
-    reply = Reply(req.model, job, chat=True, start_ns=start_ns)
+    reply = Reply(req.model, job, chat=True, start_ns=start_ns, tm=tm)
     return await _answer(request, tm, job, reply, req.stream)
 
 
@@ -81,7 +81,8 @@ async def generate(request: Request, state: ServerState) -> Response:
         job.obj.input_ids = list(req.context or []) + _ids(job)
     fit_context(job, req.options, state.context_length)
     context_ids = None if req.raw else _ids(job)
-    reply = Reply(req.model, job, chat=False, start_ns=start_ns, context_ids=context_ids)
+    reply = Reply(req.model, job, chat=False, start_ns=start_ns, tm=tm,
+                  context_ids=context_ids)
     return await _answer(request, tm, job, reply, req.stream)
 
 
@@ -152,14 +153,13 @@ async def _answer(request: Request, tm: object, job: ChatJob, reply: Reply, stre
     # NOTE: the runtime streams even a whole answer, so that the time of its first token
     # (prompt_eval_duration) is known: a non-streamed request reports only its end.
     job.obj.stream = True
-    outputs = tm.generate(job.obj)  # type: ignore[attr-defined]
     if not stream:
-        outs = await collect(request, outputs)
-        last = outs[-1]
-        whole = dataclasses.replace(last, text="".join(o.text for o in outs),
-                                    token_ids=[t for o in outs for t in o.token_ids])
+        if job.watched:  # with tools: ended at a repeated call or the call limit
+            [whole] = await run_chat(request, tm, job)
+        else:
+            whole = merge_outputs(await collect(request, tm.generate(job.obj)))  # type: ignore[attr-defined]
         return JSONResponse(reply.whole(whole))
-    return await ndjson_stream(request, outputs, reply)
+    return await ndjson_stream(request, tm.generate(job.obj), reply)  # type: ignore[attr-defined]
 
 
 async def ndjson_stream(request: Request, outputs: AsyncIterator[GenerateOutput], reply: Reply
