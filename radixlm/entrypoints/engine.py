@@ -60,8 +60,15 @@ class Engine:
     async def _start(self, model_dir: str) -> TokenizerManager:
         assert self._ports is not None
         tm = TokenizerManager(self.server_args, model_dir, self._ports)
-        tm.start(make_is_alive(self._procs))
-        await tm.wait_ready(timeout=600)
+        try:
+            tm.start(make_is_alive(self._procs))
+            await tm.wait_ready(timeout=600)
+        except BaseException:
+            # NOTE: a failed start closes its sockets here (linger 0) and terminates its
+            # context: left to the garbage collector, the context's term() would block
+            # the next Engine's thread for good on these still-open sockets.
+            tm.close()
+            raise
         return tm
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
