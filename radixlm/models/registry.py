@@ -15,6 +15,7 @@ _MODELS: dict[str, str | type[CausalLM]] = {
     "LlamaForCausalLM": "radixlm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "radixlm.models.llama:MistralForCausalLM",
     "Qwen2ForCausalLM": "radixlm.models.llama:Qwen2ForCausalLM",
+    "MinistralForCausalLM": "radixlm.models.llama:MinistralForCausalLM",
     "LlavaForConditionalGeneration": "radixlm.models.llava:LlavaForConditionalGeneration",
     "LlavaNextForConditionalGeneration": "radixlm.models.llava:LlavaNextForConditionalGeneration",
     "LlavaOnevisionForConditionalGeneration": (
