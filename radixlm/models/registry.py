@@ -16,6 +16,8 @@ _MODELS: dict[str, str | type[CausalLM]] = {
     "MistralForCausalLM": "radixlm.models.llama:MistralForCausalLM",
     "Qwen2ForCausalLM": "radixlm.models.llama:Qwen2ForCausalLM",
     "MinistralForCausalLM": "radixlm.models.llama:MinistralForCausalLM",
+    "Qwen3ForCausalLM": "radixlm.models.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "radixlm.models.qwen3:Qwen3MoeForCausalLM",
     "LlavaForConditionalGeneration": "radixlm.models.llava:LlavaForConditionalGeneration",
     "LlavaNextForConditionalGeneration": "radixlm.models.llava:LlavaNextForConditionalGeneration",
     "LlavaOnevisionForConditionalGeneration": (
