@@ -19,6 +19,7 @@ _MODELS: dict[str, str | type[CausalLM]] = {
     "Qwen3ForCausalLM": "radixlm.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "radixlm.models.qwen3:Qwen3MoeForCausalLM",
     "Gemma3ForCausalLM": "radixlm.models.gemma3:Gemma3ForCausalLM",
+    "Phi3ForCausalLM": "radixlm.models.phi3:Phi3ForCausalLM",
     "LlavaForConditionalGeneration": "radixlm.models.llava:LlavaForConditionalGeneration",
     "LlavaNextForConditionalGeneration": "radixlm.models.llava:LlavaNextForConditionalGeneration",
     "LlavaOnevisionForConditionalGeneration": (
