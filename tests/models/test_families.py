@@ -113,3 +113,42 @@ def test_phi3_long_rope(tmp_path) -> None:
     sc.prefix_hit(hf, ours, config, n=45)
     sc.chunked_prefill(hf, ours, config, n=50)
     sc.decode_steps(hf, ours, config, prompt_lens=(33, 36, 40))
+
+
+@pytest.mark.skipif(load_cpu_kernels() is None, reason="no CPU kernels")
+@pytest.mark.parametrize(("name", "why"), [
+    ("qwen3", "per-head q/k norms"),
+    ("qwen3_moe", "a mixture of experts"),
+    ("gemma3", "Gemma norms"),
+    ("phi3", "sliding-window attention"),
+    ("phi4_mini", "its rotary embedding is partial"),
+    ("smollm3", "layers without rotary (NoPE)"),
+    ("mistral_window", "sliding-window attention"),
+])
+def test_fast_path_refuses_other_layers(name: str, why: str, tmp_path) -> None:
+    """A family whose layers the C++ stack cannot run takes the Python loop, says why at
+    start-up, and never reaches the stack (packed weights or not)."""
+    from radixlm.layers.cpu_gemm import prepare_model
+    from radixlm.models.layer_stack import fast_path_report, stack_for
+
+    model_type, overrides, _ = FAMILIES[name]
+    build(model_type, overrides).save_pretrained(tmp_path)
+    ours, _ = load_model(str(tmp_path), torch.float32, "cpu")
+    prepare_model(ours)
+    report = fast_path_report(ours)
+    assert report is not None and "Python layer loop" in report and why in report, report
+    assert stack_for(ours.model) is None
+
+
+def test_fast_path_takes_llama(tmp_path) -> None:
+    """Llama's layer, packed, is the one the C++ stack runs (and the log says so)."""
+    from radixlm.layers.cpu_gemm import can_pack, pairs_capable, prepare_model
+    from radixlm.models.layer_stack import fast_path_report
+
+    w = torch.zeros(16, 16)
+    if load_cpu_kernels() is None or not (pairs_capable(w) or can_pack(w)):
+        pytest.skip("no packed float32 weights on this CPU")
+    build_hf_model("llama").save_pretrained(tmp_path)
+    ours, _ = load_model(str(tmp_path), torch.float32, "cpu")
+    prepare_model(ours)
+    assert "the C++ layer stack" in (fast_path_report(ours) or "")
