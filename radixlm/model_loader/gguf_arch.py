@@ -12,14 +12,14 @@ becomes and the fix-up that undoes what llama.cpp's converter
 - `phi3`: attn_qkv and ffn_up (gate | up) stay fused, as the Hugging Face
   checkpoint has them (the model splits them at load);
 - `qwen3moe`: the experts are 3D tensors `ffn_{gate,up,down}_exps` [E, out, in];
-  each expert's slice (`index`) becomes `mlp.experts.{e}.*_proj.weight`;
+  each expert's slice (`expert`) becomes `mlp.experts.{e}.*_proj.weight`;
 - `qwen2`, `qwen3`: names only.
 
 A few small float tensors hold what the config needs (`config_tensors`): Llama
 3's rope frequency factors (`rope_freqs`, turned back into transformers'
 `llama3` rope scaling and checked against them) and Phi-3's LongRoPE factors
 (`rope_factors_long` / `_short`). `complete_config(plan, values)` adds them.
-A loader then applies each `TensorPlan` to its tensor: `select` the rows, then
+A loader then applies each `TensorPlan` to its tensor (`apply_plan`): the expert slice, then
 `fix` them (both work on a dequantized float tensor; the row selections and
 the permutation are row operations, so a quantized tensor can take them too,
 block rows intact, for any format whose blocks run along a row).
@@ -91,7 +91,7 @@ class TensorPlan(NamedTuple):
 
     gguf_name: str
     hf_name: str
-    index: int | None = None  # a slice of dim 0 (one expert of a 3D tensor); None: all
+    expert: int | None = None  # a slice of dim 0 (one expert of a 3D tensor); None: all
     fix: tuple[str, float] | None = None  # (UNPERMUTE, num_heads) or (SHIFT, delta)
 
 
@@ -283,7 +283,8 @@ def _tensor_plans(arch: str, info: GgufTensorInfo, config: dict[str, Any]) -> li
     layer, kind = m.group(1), m.group(2)
     prefix = f"model.layers.{layer}"
     if kind in _EXPERT_TENSORS:
-        return [TensorPlan(name, f"{prefix}.mlp.experts.{e}.{_EXPERT_TENSORS[kind]}.{suffix}", e)
+        return [TensorPlan(name, f"{prefix}.mlp.experts.{e}.{_EXPERT_TENSORS[kind]}.{suffix}",
+                           expert=e)
                 for e in range(info.shape[0])]
     module = _ARCH_LAYER_TENSORS.get(arch, {}).get(kind) or _LAYER_TENSORS.get(kind)
     if module is None:
@@ -314,8 +315,8 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 def apply_plan(tensor: torch.Tensor, plan: TensorPlan) -> torch.Tensor:
     """The Hugging Face tensor from its GGUF tensor (float, in torch's shape order)."""
-    if plan.index is not None:
-        tensor = tensor[plan.index]
+    if plan.expert is not None:
+        tensor = tensor[plan.expert]
     if plan.fix is None:
         return tensor
     kind, value = plan.fix
@@ -334,11 +335,11 @@ def complete_config(plan: GgufPlan, values: Mapping[str, Any]) -> dict[str, Any]
     float values (any array-like)."""
     config = dict(plan.config)
     if "rope_factors_long.weight" in values:
-        scaling = dict(config["rope_scaling"])
-        scaling["long_factor"] = [float(x) for x in np.ravel(values["rope_factors_long.weight"])]
-        scaling["short_factor"] = [float(x) for x in np.ravel(
+        longrope = dict(config["rope_scaling"])
+        longrope["long_factor"] = [float(x) for x in np.ravel(values["rope_factors_long.weight"])]
+        longrope["short_factor"] = [float(x) for x in np.ravel(
             values.get("rope_factors_short.weight", values["rope_factors_long.weight"]))]
-        config["rope_scaling"] = scaling
+        config["rope_scaling"] = longrope
     if "rope_freqs.weight" in values and "rope_scaling" not in config:
         rotary = int(config["head_dim"] * config.get("partial_rotary_factor", 1.0))
         scaling = llama3_rope_scaling(np.ravel(values["rope_freqs.weight"]),
