@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from radixlm.entrypoints.child_process import ChildProcess
+from radixlm.entrypoints.family_defaults import with_family_defaults
 from radixlm.entrypoints.launch import launch_children, make_is_alive, stop_children
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.generate_output import SampleDicts, final_dict, token_only
@@ -41,7 +42,7 @@ T = TypeVar("T")
 
 class Engine:
     def __init__(self, server_args: ServerArgs | None = None, **kwargs: Any) -> None:
-        self.server_args = server_args or ServerArgs(**kwargs)
+        self.server_args = with_family_defaults(server_args or ServerArgs(**kwargs))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="radixlm-engine-loop")

@@ -75,6 +75,7 @@ def choose_agent_settings(args: ServerArgs, template: ChatTemplate, tokenizer: A
     logger.info("Tool-call parser: %s (%s)%s", choice.name, choice.reason,
                 "; special tokens kept in tool requests" if keep else "")
     if args.reasoning_parser:
-        logger.info("Reasoning parser: %s (--reasoning-parser)", args.reasoning_parser)
+        logger.info("Reasoning parser: %s (--reasoning-parser, else the chat template: "
+                    "entrypoints/family_defaults.py)", args.reasoning_parser)
     return AgentSettings(choice.name, choice.reason, ids, keep, args.reasoning_parser,
                          args.tool_call_constrained)
