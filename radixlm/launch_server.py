@@ -28,7 +28,7 @@ def serve(ns: argparse.Namespace) -> int:
     from radixlm.entrypoints.family_defaults import with_family_defaults
 
     args = with_family_defaults(args)  # before any process: they all read the same args
-    if args.node_rank > 0:  # a node that runs TP ranks only (see README "Scaling out")
+    if args.node_rank > 0:  # a node that runs TP ranks only (see docs/scaling-out.md)
         from radixlm.distributed.worker import run_worker_node
 
         return run_worker_node(args)

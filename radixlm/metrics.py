@@ -16,13 +16,14 @@ Every series exists twice, with the same labels and values: `radixlm:<name>`
 and SGLang's `sglang:<name>`, so dashboards and alerts written for SGLang
 (sglang:num_running_reqs, sglang:token_usage, sglang:gen_throughput,
 sglang:time_to_first_token_seconds, sglang:prompt_tokens_total, ...) work
-unchanged. Each `Metrics` has its own registry, so several servers in one
-process (tests) do not collide.
+unchanged; the prefix cache's series per tier (`KVTierCollector`: pool and
+disk) have no SGLang counterpart and exist as `radixlm:` only. Each `Metrics`
+has its own registry, so several servers in one process (tests) do not collide.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -111,6 +112,7 @@ class Metrics:
         self.model_name = model_name
         self.scheduler = _SchedulerCollector(model_name)
         self.registry.register(self.scheduler)
+        self.registry.register(KVTierCollector(model_name, lambda: self.scheduler.info))
         labels = ["model_name"]
         reg = self.registry
         self.ttft = _Twin(Histogram, "time_to_first_token_seconds",
@@ -153,3 +155,65 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+_DISK_GAUGES = (
+    ("kv_disk_bytes", "kv_disk_bytes", "Bytes of KV blocks on the disk tier."),
+    ("kv_disk_max_bytes", "kv_disk_max_bytes", "The disk tier's byte bound."),
+    ("kv_disk_blocks", "kv_disk_blocks", "KV blocks on the disk tier."),
+    ("kv_disk_pending_blocks", "kv_disk_pending_blocks",
+     "KV blocks copied out of the pool and waiting to be written."),
+)
+_DISK_COUNTERS = (
+    ("kv_disk_spilled_blocks", "kv_disk_written_blocks_total", "KV blocks written to disk."),
+    ("kv_disk_spilled_bytes", "kv_disk_written_bytes_total", "Bytes written to the disk tier."),
+    ("kv_disk_loaded_blocks", "kv_disk_read_blocks_total", "KV blocks read back from disk."),
+    ("kv_disk_loaded_bytes", "kv_disk_read_bytes_total", "Bytes read back from the disk tier."),
+    ("kv_disk_loads", "kv_disk_loads_total", "Prefix reads started for waiting requests."),
+    ("kv_disk_dropped_blocks", "kv_disk_dropped_blocks_total",
+     "KV blocks not written because the write queue was full."),
+    ("kv_disk_evicted_blocks", "kv_disk_evicted_blocks_total",
+     "KV blocks deleted to stay within the byte bound (least recently used)."),
+    ("kv_disk_damaged_blocks", "kv_disk_damaged_blocks_total",
+     "Damaged or partial block files skipped and deleted."),
+    ("kv_disk_write_errors", "kv_disk_write_errors_total", "Block writes that failed."),
+)
+
+
+class KVTierCollector(Collector):
+    """The prefix cache's tiers (the KV pool, and the disk tier of `--kv-cache-dir`),
+    from `info()`, the latest /get_server_info snapshot, under `radixlm:` only (SGLang
+    has no such series):
+
+    - `cache_hit_tokens_total{tier="pool"|"disk"}`: prompt tokens whose KV a request
+      found in that tier at its admission (their sum is `cached_tokens`);
+    - with a disk tier: its size (`kv_disk_bytes`, `kv_disk_max_bytes`,
+      `kv_disk_blocks`, `kv_disk_pending_blocks`), and counters of blocks and bytes
+      spilled (written) and loaded (read), loads started, blocks dropped (write queue
+      full), evicted (LRU) and damaged (skipped), and write errors.
+    """
+
+    def __init__(self, model_name: str, info: Callable[[], dict[str, Any]]) -> None:
+        self.model_name = model_name
+        self.info = info
+
+    def collect(self) -> Iterator[Metric]:
+        info = self.info()
+        cached = float(info.get("num_cached_prompt_tokens_total") or 0)
+        disk = float(info.get("num_cached_prompt_tokens_disk_total") or 0)
+        hits = CounterMetricFamily("radixlm:cache_hit_tokens",
+                                   "Prompt tokens found in the prefix cache, by tier.",
+                                   labels=["model_name", "tier"])
+        hits.add_metric([self.model_name, "pool"], cached - disk)
+        hits.add_metric([self.model_name, "disk"], disk)
+        yield hits
+        if "kv_disk_max_bytes" not in info:
+            return
+        for name, key, doc in _DISK_GAUGES:
+            g = GaugeMetricFamily(f"radixlm:{name}", doc, labels=["model_name"])
+            g.add_metric([self.model_name], float(info.get(key) or 0))
+            yield g
+        for name, key, doc in _DISK_COUNTERS:
+            c = CounterMetricFamily(f"radixlm:{name}", doc, labels=["model_name"])
+            c.add_metric([self.model_name], float(info.get(key) or 0))
+            yield c

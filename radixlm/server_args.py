@@ -80,6 +80,19 @@ class ServerArgs:
                                             "requests' future tokens; 0 admits greedily "
                                             "and relies on retraction.")
     disable_radix_cache: bool = _opt(False, "Disable prefix sharing (a cache with no reuse).")
+    kv_cache_dir: str | None = _opt(
+        None, "Folder of the prefix cache's disk tier (docs/kv-cache.md): prefixes leaving "
+        "the KV pool are kept there and read back instead of computed again, also after a "
+        "restart of the same model. Default: no disk tier.")
+    kv_cache_disk_bytes: int = _opt(8 << 30, "Most bytes the disk tier keeps (least "
+                                    "recently used blocks go first).")
+    kv_cache_disk_block_size: int = _opt(
+        64, "Tokens per disk-tier block (files of one block each; a prefix's last partial "
+        "block is not stored).")
+    kv_cache_disk_write_policy: str = _opt(
+        "write_through", "write_through: every prefix cached in the pool is written to disk "
+        "too (a restart finds it) | write_back: only prefixes evicted from the pool.",
+        choices=["write_through", "write_back"])
     stream_interval: int = _opt(1, "Send streamed tokens every N decode steps.")
     incremental_streaming_output: bool = _opt(
         False, "Native /generate stream events and Engine stream chunks carry only what is "
@@ -170,7 +183,7 @@ class ServerArgs:
                                        "batch results) may take together.")
     profile_dir: str | None = _opt(None, "Folder for /start_profile traces when the request "
                                    "names none (default: $TMPDIR/radixlm-profiles).")
-    # Parallelism (README "Scaling out")
+    # Parallelism (docs/scaling-out.md)
     tp_size: int = _opt(1, "Tensor-parallel ranks: processes that each hold a shard of the "
                         "model (heads, MLP, vocabulary) and run every step together "
                         "(torch.distributed: gloo on the CPU, NCCL on CUDA).")
@@ -245,6 +258,21 @@ class ServerArgs:
             raise ValueError("--media-fetch-timeout and --max-media-bytes must be positive")
         if self.file_storage_max_bytes < 1:
             raise ValueError("--file-storage-max-bytes must be positive")
+        self._check_kv_cache_disk()
+
+    def _check_kv_cache_disk(self) -> None:
+        if self.kv_cache_disk_bytes < 1:
+            raise ValueError("--kv-cache-disk-bytes must be positive")
+        if not 1 <= self.kv_cache_disk_block_size <= 1 << 16:
+            raise ValueError("--kv-cache-disk-block-size must be in [1, 65536]")
+        if self.kv_cache_disk_write_policy not in ("write_through", "write_back"):
+            raise ValueError("--kv-cache-disk-write-policy must be write_through or write_back")
+        if self.kv_cache_dir is None:
+            return
+        if self.disable_radix_cache:
+            raise ValueError("--kv-cache-dir needs the radix cache (drop --disable-radix-cache)")
+        if self.tp_size > 1:
+            raise ValueError("--kv-cache-dir is not supported with --tp-size > 1 yet")
 
     @property
     def file_storage_dir(self) -> str:

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "model
 
 from _forward_harness import PoolRunner  # noqa: E402
 
-from radixlm.layers.cpu_gemm import prepare_model  # noqa: E402
+from radixlm.layers.prepared_weight import prepare_model  # noqa: E402
 from radixlm.model_executor.calibration import smooth_for_int8  # noqa: E402
 from radixlm.model_loader.default_model import resolve_model_dir  # noqa: E402
 from radixlm.model_loader.loader import load_model  # noqa: E402

@@ -13,14 +13,22 @@
 // exact float32 steps with torch's operators as layers/*.py spell them (the exact
 // mode stays what transformers computes). models/layer_stack.py decides when a
 // step may take this path and whether it is fused.
-#include <torch/extension.h>
-
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/rms_norm.h>
+#include <ATen/ops/silu.h>
 #include <ATen/record_function.h>
+#include <torch/library.h>
+
+#include "prepared_linear.h"
 
 #include <tuple>
 #include <vector>
 
-// The kernels (cpu_kernels.cpp, bf16_gemm.cpp, bf16w_gemm.cpp).
+// The kernels (ops.h lists their files; every linear layer through prepared_linear.h).
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                            const at::Tensor& req_to_token, const at::Tensor& req_rows,
                            const at::Tensor& seq_lens, const at::Tensor& q_starts,
@@ -29,40 +37,11 @@ at::Tensor silu_and_mul(const at::Tensor& x);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps);
 at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-at::Tensor bf16_pairs_linear(const at::Tensor& x, const at::Tensor& packed,
-                             const c10::optional<at::Tensor>& bias);
-at::Tensor bf16w_linear(const at::Tensor& x, const at::Tensor& packed,
-                        const c10::optional<at::Tensor>& bias);
 
 namespace {
 
 constexpr int64_t kNorms = 2;    // per layer: input_layernorm, post_attention_layernorm
 constexpr int64_t kLinears = 4;  // per layer: qkv, o, gate_up, down
-constexpr int64_t kPairs = 0, kOneDnn = 1;  // how a linear layer's weight is packed
-
-// x W^T + b: a pairs kernel (bf16 arithmetic, or float32 over bf16 weights for a
-// float32 x: cpu_gemm.pairs_linear), or oneDNN's packed linear (cpu_gemm.packed_linear).
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b,
-                  int64_t kind) {
-  if (kind == kPairs && x.scalar_type() == at::kFloat) {
-    RECORD_FUNCTION("radixlm::bf16w_linear", std::vector<c10::IValue>());
-    return bf16w_linear(x, w, b);
-  }
-  if (kind == kPairs) {
-    RECORD_FUNCTION("radixlm::bf16_pairs_linear", std::vector<c10::IValue>());
-    return bf16_pairs_linear(x, w, b);
-  }
-  static const c10::OperatorHandle op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-  torch::jit::Stack stack{x, w, b.has_value() ? c10::IValue(*b) : c10::IValue(),
-                          c10::IValue(std::string("none")),
-                          c10::IValue(c10::impl::GenericList(
-                              c10::OptionalType::create(c10::NumberType::get()))),
-                          c10::IValue()};
-  op.callBoxed(&stack);
-  return stack[0].toTensor();
-}
-
 // (norm(x + residual), x + residual): the fused kernel, or RMSNorm.add_and_norm's
 // torch operators.
 std::tuple<at::Tensor, at::Tensor> add_and_norm(const at::Tensor& x, const at::Tensor& residual,
@@ -100,8 +79,8 @@ at::Tensor silu_mul(const at::Tensor& x, bool fused) {
 
 // hidden [T, hidden] bf16 or float32 (the embeddings); cos, sin [T, 1, D / 2] in
 // hidden's dtype; per layer l:
-// norms[2l .. 2l + 2), packed, biases and kinds [4l .. 4l + 4) (see the constants
-// above), k_bufs[l], v_bufs[l]; fused: the fused elementwise kernels; the
+// norms[2l .. 2l + 2), packed, biases and kinds [4l .. 4l + 4) (prepared_linear.h's
+// kinds), k_bufs[l], v_bufs[l]; fused: the fused elementwise kernels; the
 // attention arguments of paged_attention for every row of the step. Writes each
 // layer's K and V at out_cache_loc and returns (hidden, residual) after the last
 // layer, which the final norm adds: what LlamaModel's loop returns.
@@ -136,7 +115,7 @@ std::tuple<at::Tensor, at::Tensor> llama_layer_stack(
       std::tie(hidden, residual) = add_and_norm(hidden, residual, norms[kNorms * l], eps, fused);
     }
     // Attention: qkv, rotary on q and k, K and V into the pool, attention, o.
-    const at::Tensor qkv = linear(hidden, w[0], bias(0), kind[0]);
+    const at::Tensor qkv = radixlm::prepared_linear(hidden, w[0], bias(0), kind[0]);
     const at::Tensor qk = rotate(
         qkv.narrow(1, 0, q_size + kv_size).view({tokens, num_heads + num_kv_heads, head_dim}),
         cos, sin, fused);
@@ -152,11 +131,11 @@ std::tuple<at::Tensor, at::Tensor> llama_layer_stack(
       attn = paged_attention(q, k_buf, v_buf, req_to_token, req_rows, seq_lens, q_starts, q_lens,
                              scale);
     }
-    hidden = linear(attn.view({tokens, -1}), w[1], bias(1), kind[1]);
+    hidden = radixlm::prepared_linear(attn.view({tokens, -1}), w[1], bias(1), kind[1]);
     std::tie(hidden, residual) = add_and_norm(hidden, residual, norms[kNorms * l + 1], eps, fused);
     // MLP.
-    const at::Tensor gate_up = linear(hidden, w[2], bias(2), kind[2]);
-    hidden = linear(silu_mul(gate_up, fused), w[3], bias(3), kind[3]);
+    const at::Tensor gate_up = radixlm::prepared_linear(hidden, w[2], bias(2), kind[2]);
+    hidden = radixlm::prepared_linear(silu_mul(gate_up, fused), w[3], bias(3), kind[3]);
   }
   return {hidden, residual};
 }

@@ -1,10 +1,10 @@
 """The CPU attention backend: paged attention over the pool, read in place.
 
 Every request of a step, decode or prefill chunk, is attended by one call of the
-C++ kernel (`radixlm/csrc/cpu_kernels.cpp`): it reads each request's keys and
-values where they lie in the pool, through its row of the slot table, instead
-of gathering copies every layer (the torch-native backend's decode copies
-~600 MB per step at 32 requests of 400 tokens). Up to 16 new rows a request
+C++ kernel (`radixlm/csrc/attention.cpp`, its work in `attention*_body.h`): it reads
+each request's keys and values where they lie in the pool, through its row of the
+slot table, instead of gathering copies every layer (the torch-native backend's
+decode copies ~600 MB per step at 32 requests of 400 tokens). Up to 16 new rows a request
 (decodes, jump-forward runs, a speculative step's 1 + K) are scored row by
 row; longer chunks go through the kernel's blocked flash attention (online
 softmax over blocks of 64 keys, causal blocks skipped), 2-5x faster here than

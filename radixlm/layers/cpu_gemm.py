@@ -1,6 +1,7 @@
 """Linear-layer weights in the form the CPU computes fastest: packed, or int8.
 
-Two formats replace a dense weight once it is loaded (`prepare_model`):
+The kernels that replace a dense weight once it is loaded (prepared_weight.py picks
+one per layer: `prepare_model`):
 
 - oneDNN-packed float32 or bfloat16 (`pack_weight` / `packed_linear`). MKL's
   default sgemm is slow for the shapes decoding produces (a few to a few
@@ -49,10 +50,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
-from torch import nn
 
 from radixlm.layers.cpu_kernels import load_cpu_kernels
 
@@ -60,8 +60,6 @@ logger = logging.getLogger(__name__)
 
 # Batch size the packed layout is tuned for; any batch size works.
 _PACK_BATCH_HINT = 64
-
-QUANTIZATIONS = ("none", "w8a8_int8", "bf16_weights")
 
 # small_batch_linear: at most this many rows, K a multiple of SMALL_BATCH_K_STEP.
 SMALL_BATCH_ROWS = 2  # at 3 rows oneDNN's packed kernel is as fast, from 4 faster
@@ -178,7 +176,7 @@ def small_batch_capable(weight: torch.Tensor) -> bool:
 
 def wants_plain_copy(weight: torch.Tensor) -> bool:
     """Whether this weight is packed for oneDNN (the pairs kernel does not take it) and
-    `small_batch_linear` could run its plain copy: the weights prepare_model may keep
+    `small_batch_linear` could run its plain copy: the weights prepared_weight.prepare_model may keep
     plain copies of."""
     return can_pack(weight) and not pairs_capable(weight) and small_batch_capable(weight)
 
@@ -237,39 +235,3 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) 
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)
-
-
-def prepare_model(model: nn.Module, quantization: str = "none") -> tuple[int, int]:
-    """Call `prepare_weights(quantization, keep_plain)` on every module that has one,
-    after loading; keep_plain: whether packed weights keep their plain copy for
-    `small_batch_linear` (see the module docstring).
-
-    Returns (number of weights quantized to int8, number packed, for oneDNN or the
-    bf16 pairs kernel).
-    """
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"unknown quantization {quantization!r}; choose from {QUANTIZATIONS}")
-    modules: list[Any] = [m for m in model.modules()
-                          if callable(getattr(m, "prepare_weights", None))]
-    # Modules with keeps_dense_weight (a tied output layer) keep their weight anyway.
-    plain_bytes = sum(w.numel() * w.element_size() for m in modules
-                      if isinstance(w := getattr(m, "weight", None), torch.Tensor)
-                      and not getattr(m, "keeps_dense_weight", False)
-                      and wants_plain_copy(w))
-    keep_plain = quantization == "none" and 0 < plain_bytes <= MAX_PLAIN_COPY_BYTES
-    if keep_plain:
-        logger.info("Small-batch kernel for 1-2 rows: plain copies of packed weights kept "
-                    "(%.0f MB)", plain_bytes / 2**20)
-    elif plain_bytes > MAX_PLAIN_COPY_BYTES:
-        logger.info("Small-batch kernel off: plain copies would take %.1f GB (at most %.1f)",
-                    plain_bytes / 2**30, MAX_PLAIN_COPY_BYTES / 2**30)
-    counts = {"int8": 0, "packed": 0, "dense": 0}
-    for module in modules:
-        counts[module.prepare_weights(quantization, keep_plain)] += 1
-    # bf16_weights is not the exact mode: its float32 norms, rotary and SiLU may take
-    # the fused kernels (cpu_kernels.use_fused_cpu_kernel) instead of torch's ~15
-    # operators a layer, a third of a one-request step.
-    for module in model.modules():
-        if hasattr(module, "fuse_float32"):
-            setattr(module, "fuse_float32", quantization == "bf16_weights")  # noqa: B010
-    return counts["int8"], counts["packed"]

@@ -22,19 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.layers.cpu_gemm import (
-    Int8Weight,
-    bf16w_capable,
-    can_pack,
-    int8_linear,
-    pack_pairs,
-    pack_weight,
-    packed_linear,
-    pairs_capable,
-    pairs_linear,
-    small_batch_linear,
-    wants_plain_copy,
-)
+from radixlm.layers.prepared_weight import PreparedWeight, prepare_weight
 
 WeightLoader = Callable[..., None]
 
@@ -101,54 +89,29 @@ class _LinearBase(nn.Module):
                 output_size_per_partition, dtype=params_dtype, loader=self.weight_loader
             )
 
-        # After prepare_weights(): a bf16-pairs weight, a oneDNN-packed one (and maybe
-        # its plain copy for small batches), or an int8 one (see cpu_gemm.py).
-        self._pairs: torch.Tensor | None = None
-        self._packed: torch.Tensor | None = None
-        self._plain: torch.Tensor | None = None
-        self._int8: Int8Weight | None = None
+        # After prepare_weights(): the weight in its kernel's layout (prepared_weight.py).
+        self.prepared: PreparedWeight | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, *args: Any) -> None:
         raise NotImplementedError
 
     def prepare_weights(self, quantization: str, keep_plain: bool = False) -> str:
-        """After loading: quantize the weight ("w8a8_int8"; "bf16_weights": round it to
-        bfloat16 for the pairs kernel's float32 arithmetic) or pack it for oneDNN (CPU
-        float32, or bfloat16 where the CPU has it; bfloat16 for the pairs kernel where
-        the CPU has bf16 dot products); keep_plain: keep the plain weight too
-        where the small-batch kernel can run it. Returns "int8", "packed" or "dense".
+        """After loading: put the weight in its kernel's layout (prepared_weight.prepare_weight:
+        int8 for "w8a8_int8", bf16 pairs, oneDNN-packed, or as it is); keep_plain: keep the
+        plain weight too where the small-batch kernel can run it. Returns "int8",
+        "packed", "quantized" or "dense".
 
         NOTE: the dense weight is released, so weights cannot be reloaded afterwards.
         """
-        if self._int8 is not None:
-            return "int8"
-        if self._packed is not None or self._pairs is not None:
-            return "packed"
-        if quantization == "w8a8_int8":
-            self._int8 = Int8Weight.quantize(self.weight)
-        elif quantization == "bf16_weights" and bf16w_capable(self.weight):
-            self._pairs = pack_pairs(self.weight.detach().to(torch.bfloat16))
-        elif pairs_capable(self.weight):
-            self._pairs = pack_pairs(self.weight)
-        elif can_pack(self.weight):
-            self._packed = pack_weight(self.weight)
-            if keep_plain and wants_plain_copy(self.weight):
-                self._plain = self.weight.detach().contiguous()
-        else:
-            return "dense"
-        self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
-        return "int8" if self._int8 is not None else "packed"
+        if self.prepared is None:
+            self.prepared = prepare_weight(self.weight, quantization, keep_plain)
+        if self.prepared.category != "dense":
+            self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
+        return self.prepared.category
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self._int8 is not None:
-            return int8_linear(x, self._int8, bias)  # [T, output_size_per_partition]
-        if self._pairs is not None and x.dim() == 2:
-            return pairs_linear(x, self._pairs, bias)  # [T, output_size_per_partition]
-        if self._packed is not None and x.dim() == 2:
-            out = small_batch_linear(x, self._plain, bias)  # 1-2 rows: stream the plain copy
-            if out is not None:
-                return out  # [T, output_size_per_partition]
-            return packed_linear(x, self._packed, bias)  # [T, output_size_per_partition]
+        if self.prepared is not None:
+            return self.prepared.apply(x, bias)  # [T, output_size_per_partition]
         return F.linear(x, self.weight, bias)  # [T, output_size_per_partition]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,20 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.layers.cpu_gemm import (
-    Int8Weight,
-    bf16w_capable,
-    can_pack,
-    int8_linear,
-    pack_pairs,
-    pack_weight,
-    packed_linear,
-    pairs_capable,
-    pairs_linear,
-    small_batch_linear,
-    wants_plain_copy,
-)
 from radixlm.layers.linear import default_weight_loader
+from radixlm.layers.prepared_weight import PreparedWeight, prepare_weight
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -74,7 +62,7 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Output projection hidden → vocabulary logits; `tie_to()` shares the embedding's weight."""
 
-    keeps_dense_weight = True  # a tied embedding looks rows up in it (cpu_gemm.prepare_model)
+    keeps_dense_weight = True  # a tied embedding looks rows up in it (prepared_weight.prepare_model)
 
     def __init__(
         self,
@@ -87,11 +75,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(num_embeddings, embedding_dim, params_dtype, tp_rank, tp_size)
         self._weight_t: torch.Tensor | None = None  # [embedding_dim, per_partition], CPU only
         self._weight_t_key: tuple[int, int] | None = None
-        # After prepare_weights(): a bf16-pairs, oneDNN-packed or int8 copy of the weight.
-        self._pairs: torch.Tensor | None = None
-        self._packed: torch.Tensor | None = None
-        self._small_batch = False  # compute_logits of 1-2 rows through the plain weight
-        self._int8: Int8Weight | None = None
+        # After prepare_weights(): the weight in its kernel's layout (prepared_weight.py).
+        self.prepared: PreparedWeight | None = None
         # SmoothQuant scales [embedding_dim] for the int8 copy (set before prepare_weights).
         self.int8_smoothing: torch.Tensor | None = None
 
@@ -112,38 +97,23 @@ class ParallelLMHead(VocabParallelEmbedding):
         return self._weight_t
 
     def prepare_weights(self, quantization: str, keep_plain: bool = False) -> str:
-        """Keep an int8 ("w8a8_int8"), bf16 ("bf16_weights") or packed copy of the (possibly tied) weight
-        for compute_logits. Returns "int8", "packed" or "dense".
+        """Keep the (possibly tied) weight in its kernel's layout for compute_logits
+        (prepared_weight.prepare_weight). Returns "int8", "packed", "quantized" or "dense".
 
         The dense weight stays: a tied embedding still looks rows up in it, and with
         keep_plain, compute_logits of 1-2 rows streams it (cpu_gemm.small_batch_linear).
         """
-        self._small_batch = keep_plain and wants_plain_copy(self.weight)
-        if self._int8 is None and self._packed is None and self._pairs is None:
-            if quantization == "w8a8_int8":
-                self._int8 = Int8Weight.quantize(self.weight, self.int8_smoothing)
-            elif quantization == "bf16_weights" and bf16w_capable(self.weight):
-                self._pairs = pack_pairs(self.weight.detach().to(torch.bfloat16))
-            elif pairs_capable(self.weight):
-                self._pairs = pack_pairs(self.weight)
-            elif can_pack(self.weight):
-                self._packed = pack_weight(self.weight)
+        if self.prepared is None:
+            self.prepared = prepare_weight(self.weight, quantization, keep_plain,
+                                           smoothing=self.int8_smoothing, transposed_dense=True)
             self._weight_t = None
-        if self._int8 is not None:
-            return "int8"
-        return "packed" if self._packed is not None or self._pairs is not None else "dense"
+        return self.prepared.category
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, embedding_dim] → float32 logits [M, num_embeddings] (with tp_size > 1:
         on rank 0; the other ranks get their own columns [M, per_partition])."""
-        if self._int8 is not None:
-            logits = int8_linear(hidden, self._int8, None)  # [M, per_partition]
-        elif self._pairs is not None:
-            logits = pairs_linear(hidden, self._pairs, None)  # [M, per_partition]
-        elif self._packed is not None:
-            small = small_batch_linear(hidden, self.weight if self._small_batch else None, None)
-            # [M, per_partition]
-            logits = small if small is not None else packed_linear(hidden, self._packed, None)
+        if self.prepared is not None:
+            logits = self.prepared.apply(hidden, None)  # [M, per_partition]
         elif hidden.device.type == "cpu":
             logits = hidden @ self._transposed_weight()  # [M, per_partition]
         else:

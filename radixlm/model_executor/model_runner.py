@@ -33,8 +33,8 @@ from radixlm.distributed.parallel_state import (
 from radixlm.distributed.step_sync import StepBroadcaster
 from radixlm.io_struct import LogprobEntry
 from radixlm.layers.attention import AttentionBackend, create_attention_backend
-from radixlm.layers.cpu_gemm import prepare_model
 from radixlm.layers.cpu_kernels import load_cpu_kernels
+from radixlm.layers.prepared_weight import prepare_model
 from radixlm.mem_cache import create_prefix_cache
 from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool

@@ -11,8 +11,9 @@ mode alike.
 
 A model takes this path when `stack_for` finds it eligible (Llama's layer only:
 no q/k norms, sliding windows, NoPE, MoE or Gemma norms; bf16 or float32 on
-the CPU, one tensor-parallel rank, every projection packed, none int8 or with a
-small-batch plain copy) and a step when `LayerStack.run` does (no module hooks,
+the CPU, one tensor-parallel rank, every projection prepared in a form the C++
+loop runs: `PreparedWeight.cpp_kind`, so not int8, dense or with a small-batch
+plain copy) and a step when `LayerStack.run` does (no module hooks,
 its attention metadata covers every row in the kernel, the pool in the model's
 dtype); anything else runs the Python loop, and `fast_path_report` says why in
 the start-up log.
@@ -27,6 +28,7 @@ from torch.nn.modules import module as module_state
 
 from radixlm.layers.cpu_attention import CpuPagedAttnBackend, CpuPagedMetadata
 from radixlm.layers.cpu_kernels import load_cpu_kernels, use_fused_cpu_kernel
+from radixlm.layers.prepared_weight import CPP_ONEDNN
 
 if TYPE_CHECKING:
     from radixlm.model_executor.forward_batch import ForwardBatch
@@ -40,8 +42,8 @@ def _hooked(hook_dicts: list[dict[Any, Any]]) -> bool:
 
 
 def _key(qkv_proj: Any) -> int:
-    """Identifies the packed weights a stack was built from (a reload packs new ones)."""
-    return id(qkv_proj._pairs if qkv_proj._pairs is not None else qkv_proj._packed)
+    """Identifies the prepared weights a stack was built from (a reload prepares new ones)."""
+    return id(qkv_proj.prepared)
 
 
 class LayerStack:
@@ -63,18 +65,21 @@ class LayerStack:
         self.norms: list[torch.Tensor] = []
         self.packed: list[torch.Tensor] = []
         self.biases: list[torch.Tensor | None] = []
-        self.kinds: list[int] = []  # per projection: 0 a pairs kernel, 1 oneDNN
+        # per projection: PreparedWeight.cpp_kind (csrc/prepared_linear.cpp runs it)
+        self.kinds: list[int] = []
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
             self.norms += [layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data]
             for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-                pairs = proj._pairs is not None
-                self.packed.append(proj._pairs if pairs else proj._packed)
-                self.kinds.append(0 if pairs else 1)
+                prepared = proj.prepared
+                self.packed.append(prepared.cpp_tensor)
+                self.kinds.append(prepared.cpp_kind)
                 bias = None if proj.bias is None else proj.bias.data
-                # as cpu_gemm.pairs_linear and packed_linear take it: in the activations'
-                # dtype (bf16, or float32 over bf16 weights)
-                self.biases.append(bias.to(self.dtype) if pairs and bias is not None else bias)
+                # as the Python kernels take it: in the activations' dtype for the pairs
+                # kernels (bf16, or float32 over bf16 weights), as loaded for oneDNN
+                if bias is not None and prepared.cpp_kind != CPP_ONEDNN:
+                    bias = bias.to(self.dtype)
+                self.biases.append(bias)
 
     def run(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             forward_batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -127,9 +132,9 @@ def refusal(model: Any) -> str | None:
     dtype = norms[0].weight.dtype
     if any(p.tp_size != 1 for p in projections):
         return "it is tensor-parallel"
-    if any(p._int8 is not None or p._plain is not None or (p._pairs is None and p._packed is None)
-           for p in projections):
-        return "not every projection is packed (int8, unpacked, or kept plain for small batches)"
+    if any(p.prepared is None or p.prepared.cpp_kind is None for p in projections):
+        return ("not every projection is in a form the C++ loop runs (int8, dense, or kept "
+                "plain for small batches)")
     if (dtype not in (torch.bfloat16, torch.float32)
             or any(n.weight.dtype != dtype or n.weight.device.type != "cpu" for n in norms)
             or len({n.eps for n in norms}) != 1):

@@ -29,6 +29,7 @@ from radixlm.scheduler.budget import StepBudget
 from radixlm.scheduler.grammar_manager import GrammarManager, build_vocab_mask
 from radixlm.scheduler.groups import SampleGroups
 from radixlm.scheduler.jump_forward import JumpForward
+from radixlm.scheduler.kv_disk import build_disk_tier
 from radixlm.scheduler.kv_manager import KVManager
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.policy import NewTokenRatio, PriorityOrder, order_waiting
@@ -63,6 +64,8 @@ class Scheduler:
             runner.token_to_kv_pool,
             runner.prefix_cache,
             shares_prefixes=not server_args.disable_radix_cache,
+            disk_tier=build_disk_tier(server_args, runner),
+            write_through=server_args.kv_cache_disk_write_policy == "write_through",
         )
         self.output = OutputProcessor(server_args, tokenizer, runner.eos_token_ids,
                                       runner.context_len)
@@ -122,6 +125,7 @@ class Scheduler:
     def _fail(self, req: Req, message: str, status_code: int | None = 400) -> None:
         """Finish a request that is not running (an error for the user, or an abort)."""
         req.finished_reason = FinishReason("abort", message=message, status_code=status_code)
+        req.disk_load = None  # a load other requests do not share is then dropped
         self.output.pending_finished.append(req)
         self.released_rids.append(req.rid)  # a retracted request may have runner state
 
@@ -174,8 +178,10 @@ class Scheduler:
 
     @property
     def can_step_now(self) -> bool:
-        """False when the only work is grammars still compiling (poll, don't spin)."""
-        return bool(self.waiting or self.running or self.output.pending_finished)
+        """False when the only work is grammars still compiling or prefixes being read from
+        the disk tier (poll, don't spin)."""
+        return bool(self.running or self.output.pending_finished
+                    or any(not self.kv.is_loading(r) for r in self.waiting))
 
     # ------------------------------------------------------------------ step
 
@@ -272,7 +278,9 @@ class Scheduler:
                 break
             if not self.groups.allows(req):
                 continue
-            match = self.kv.match(req)
+            match = self.kv.match_for_admission(req)
+            if match is None:  # its prefix is being read from the disk tier
+                continue
             pending = req.num_tokens - len(match.kv_indices)
             if req.whole_prompt:  # all of it in one step (alone if it exceeds the budget)
                 n = pending if pending <= budget.num_tokens_left or not items else 0
@@ -370,3 +378,7 @@ class Scheduler:
     def check_integrity(self) -> None:
         """Assert the KV accounting identity and the pools' and cache's own checks."""
         self.kv.check_integrity(self.running)
+
+    def close(self) -> None:
+        """Before the process exits: let the disk tier finish its queued writes."""
+        self.kv.close()

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _kernels import requires_bf16w
 
-from radixlm.layers.cpu_gemm import bf16w_capable, bf16w_supported
+from radixlm.layers.cpu_gemm import bf16w_capable
+from radixlm.layers.prepared_weight import PairsWeight
 
-pytestmark = pytest.mark.skipif(not bf16w_supported(), reason="no AVX2/FMA build of the kernels")
+pytestmark = requires_bf16w()
 
 
 def test_linear_layers_and_the_lm_head_take_bf16_weights() -> None:
@@ -25,8 +27,9 @@ def test_linear_layers_and_the_lm_head_take_bf16_weights() -> None:
         layer.bias.normal_()
     rounded = layer.weight.detach().to(torch.bfloat16).double()
     assert layer.prepare_weights("bf16_weights") == "packed"
-    assert layer._pairs is not None and layer._pairs.dtype == torch.bfloat16
-    assert layer._packed is None and layer.weight.numel() == 0  # the float32 weight is gone
+    assert isinstance(layer.prepared, PairsWeight) and layer.prepared.packed.dtype == torch.bfloat16
+    assert layer.prepared.kernel == "bf16w_linear"
+    assert layer.weight.numel() == 0  # the float32 weight is gone
     x = torch.randn(7, 64)
     torch.testing.assert_close(layer(x).double(), x.double() @ rounded.t() + layer.bias.double(),
                                rtol=1e-5, atol=1e-5)
@@ -34,7 +37,7 @@ def test_linear_layers_and_the_lm_head_take_bf16_weights() -> None:
     odd = RowParallelLinear(64, 40, bias=False, params_dtype=torch.float32)  # N % 16 != 0
     assert not bf16w_capable(odd.weight)
     odd.prepare_weights("bf16_weights")
-    assert odd._pairs is None  # float32 as loaded (oneDNN-packed where it can be)
+    assert not isinstance(odd.prepared, PairsWeight)  # float32 as loaded (oneDNN where it can be)
 
     head = ParallelLMHead(256, 64, params_dtype=torch.float32)
     with torch.no_grad():

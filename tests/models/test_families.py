@@ -128,7 +128,7 @@ def test_phi3_long_rope(tmp_path) -> None:
 def test_fast_path_refuses_other_layers(name: str, why: str, tmp_path) -> None:
     """A family whose layers the C++ stack cannot run takes the Python loop, says why at
     start-up, and never reaches the stack (packed weights or not)."""
-    from radixlm.layers.cpu_gemm import prepare_model
+    from radixlm.layers.prepared_weight import prepare_model
     from radixlm.models.layer_stack import fast_path_report, stack_for
 
     model_type, overrides, _ = FAMILIES[name]
@@ -142,7 +142,8 @@ def test_fast_path_refuses_other_layers(name: str, why: str, tmp_path) -> None:
 
 def test_fast_path_takes_llama(tmp_path) -> None:
     """Llama's layer, packed, is the one the C++ stack runs (and the log says so)."""
-    from radixlm.layers.cpu_gemm import can_pack, pairs_capable, prepare_model
+    from radixlm.layers.cpu_gemm import can_pack, pairs_capable
+    from radixlm.layers.prepared_weight import prepare_model
     from radixlm.models.layer_stack import fast_path_report
 
     w = torch.zeros(16, 16)
