@@ -40,11 +40,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], int | None]] = {
     "qwen3_window": ("qwen3", dict(head_dim=16, use_sliding_window=True, sliding_window=WINDOW,
                                    max_window_layers=1), None),
     "qwen3_moe": ("qwen3_moe", dict(_MOE, norm_topk_prob=True), None),
-    "qwen3_moe_unnormed": ("qwen3_moe", dict(_MOE, norm_topk_prob=False, mlp_only_layers=[]),
-                           None),
     "gemma3": ("gemma3_text", _GEMMA, None),
-    # transformers' Gemma 3 ignores attn_logit_softcapping: so must we
-    "gemma3_attn_softcap": ("gemma3_text", dict(_GEMMA, attn_logit_softcapping=20.0), None),
     # LongRoPE's short factors: served with a context no longer than the original 32
     "phi3": ("phi3", dict(_PHI3, sliding_window=WINDOW), 32),
     "phi4_mini": ("phi3", dict(_PHI3, tie_word_embeddings=True), 32),
@@ -101,6 +97,23 @@ def test_decode_steps(family) -> None:
 def test_cpu_paged_backend(family) -> None:
     sc.mixed_batch(*family, backend="cpu_paged")
     sc.chunked_prefill(*family, backend="cpu_paged")
+
+
+# Variants of one feature: one scenario each (the mixed batch has every kind of row).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3_moe_unnormed": ("qwen3_moe", dict(_MOE, norm_topk_prob=False, mlp_only_layers=[])),
+    # transformers' Gemma 3 ignores attn_logit_softcapping: so must we
+    "gemma3_attn_softcap": ("gemma3_text", dict(_GEMMA, attn_logit_softcapping=20.0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_mixed_batch(name: str, tmp_path) -> None:
+    model_type, overrides = VARIANTS[name]
+    hf = build(model_type, overrides)
+    hf.save_pretrained(tmp_path)
+    ours, config = load_model(str(tmp_path), torch.float32, "cpu")
+    sc.mixed_batch(hf, ours, config)
 
 
 def test_phi3_long_rope(tmp_path) -> None:
