@@ -166,3 +166,26 @@ def test_fast_path_takes_llama(tmp_path) -> None:
     ours, _ = load_model(str(tmp_path), torch.float32, "cpu")
     prepare_model(ours)
     assert "the C++ layer stack" in (fast_path_report(ours) or "")
+
+
+@pytest.mark.skipif(load_cpu_kernels() is None, reason="no CPU kernels")
+@pytest.mark.parametrize("name", ["qwen3_moe", "gemma3", "phi4_mini", "smollm3_window"])
+def test_bfloat16_prepared_weights_run(name: str, tmp_path) -> None:
+    """The families in bfloat16 with prepared (packed) weights, experts included, through
+    the paged backend and the fused kernels: next-token logits close to float32's."""
+    from radixlm.layers.prepared_weight import prepare_model
+
+    model_type, overrides, context_len = FAMILIES[name]
+    build(model_type, overrides).save_pretrained(tmp_path)
+    logits = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        ours, config = load_model(str(tmp_path), dtype, "cpu")
+        if context_len is not None:
+            ours.set_context_length(context_len)
+        prepare_model(ours)
+        runner = sc.PoolRunner(ours, config, dtype=dtype, backend="cpu_paged")
+        row = runner.new_request()
+        runner.step([(row, sc.prompt(20, seed=5))])
+        (logits[dtype],) = runner.step([(row, [7])])
+    ref, got = logits[torch.float32][0], logits[torch.bfloat16][0].float()
+    assert torch.nn.functional.cosine_similarity(ref, got, dim=0) > 0.99
