@@ -132,7 +132,8 @@ class DecoderAttention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.head_dim = head_dim(config)
-        self.attn_options = spec.attn  # read by the attention backend's start-up log
+        # (the shared plain options: backends test `is PLAIN_ATTENTION` first)
+        self.attn_options = PLAIN_ATTENTION if spec.attn == PLAIN_ATTENTION else spec.attn
         num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         tp_rank, tp_size = tp_rank_size()
         self.qkv_proj = QKVParallelLinear(
@@ -157,7 +158,7 @@ class DecoderAttention(nn.Module):
         assert backend is not None, "ForwardBatch.attn_backend is not set"
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, (H + 2 * Hkv) * D]
-        if self.q_norm is None or self.k_norm is None:
+        if self.k_norm is None or self.q_norm is None:
             qk = qkv[:, : self.qk_size].view(num_tokens, -1, self.head_dim)  # [T, H + Hkv, D]
             if rope is not None:
                 qk = apply_rotary(qk, *rope, self.fuse_float32)
@@ -244,6 +245,7 @@ class DecoderModel(nn.Module):
         self.embed_scale = float(config.hidden_size) ** 0.5 if arch.embed_scale else None
         self.layers = nn.ModuleList(DecoderLayer(config, i, dtype, arch, spec, make_mlp(i, spec))
                                     for i, spec in enumerate(specs))
+        self.layer_ropes = [spec.rope for spec in specs]  # each layer's rotary table
         self.norm = arch.norm(config.hidden_size, config.rms_norm_eps, dtype)
         tables = sorted({s.rope for s in specs if s.rope is not None})
         self.rotary = nn.ModuleDict({
@@ -281,9 +283,8 @@ class DecoderModel(nn.Module):
         if out is not None:
             hidden, residual = out
         else:
-            for layer in self.layers:
-                assert isinstance(layer, DecoderLayer)
-                rope = ropes[layer.rope] if layer.rope is not None else None
+            for layer, rope_name in zip(self.layers, self.layer_ropes):
+                rope = ropes[rope_name] if rope_name is not None else None
                 hidden, residual = layer(hidden, residual, rope, forward_batch)
         if residual is None:
             return self.norm(hidden)
