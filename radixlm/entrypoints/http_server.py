@@ -60,11 +60,15 @@ class ProcessRuntime:
     @classmethod
     async def start(cls, args: ServerArgs) -> ProcessRuntime:
         from radixlm.entrypoints.launch import make_is_alive, start_children, stop_children
+        from radixlm.layers.cpu_kernels import prepare_cpu_kernels
         from radixlm.model_loader.default_model import resolve_model_dir
         from radixlm.tokenizer.tokenizer_manager import TokenizerManager
         from radixlm.tokenizer_utils import load_tokenizer
 
         model_dir = await asyncio.to_thread(resolve_model_dir, args.model_path)  # GGUF: slow
+        # A kernel build (a CPU the install does not cover) happens here, logged as it
+        # goes, not under the scheduler's STARTUP_TIMEOUT.
+        await asyncio.to_thread(prepare_cpu_kernels, args.device)
         ports, procs = start_children(args, model_dir)  # on the main thread: see launch.py
         try:
             tokenizer = (None if args.skip_tokenizer_init else
