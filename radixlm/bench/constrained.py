@@ -1,7 +1,7 @@
 """Constrained decoding benchmark: a JSON-schema workload per grammar backend,
 jump-forward on and off, with unconstrained decoding as the reference.
 
-    python -m radixlm.bench_constrained [--backends xgrammar outlines llguidance]
+    python -m radixlm.bench.constrained [--backends xgrammar outlines llguidance]
         [--batch-sizes 1 16] [--num-batch1 3] [--compact]
 
 The workload follows the LMSYS compressed-FSM post: character profiles with

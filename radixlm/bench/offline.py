@@ -1,6 +1,6 @@
 """Offline decode throughput: radixlm's Engine vs transformers' generate, side by side.
 
-    python -m radixlm.bench_offline [--batch-sizes 1 8 32 64] [--output-len 64]
+    python -m radixlm.bench.offline [--batch-sizes 1 8 32 64] [--output-len 64]
 
 Both run the same model (the default SmolLM2 unless --model-path is given), the
 same prompts, greedy, float32 on the CPU, one after the other in this run, so
@@ -70,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from radixlm.entrypoints.launch import prepare_environment
-    from radixlm.model_loader.default_model import resolve_model_dir
+    from radixlm.model_loader.model_path import resolve_model_dir
 
     prepare_environment()
     model_dir = resolve_model_dir(args.model_path)

@@ -1,6 +1,6 @@
 """Throughput of one process against tensor and data parallelism, side by side.
 
-    python -m radixlm.bench_parallel [--configs tp1 tp3 dp2] [--num-prompts 16]
+    python -m radixlm.bench.parallel [--configs tp1 tp3 dp2] [--num-prompts 16]
         [--output-len 64] [--device cpu|cuda] [--model-path ...]
 
 Each configuration starts an Engine (`tpN`: --tp-size N, `dpN`: --dp-size N,

@@ -1,10 +1,10 @@
 """Serving benchmark for any OpenAI-compatible server (radixlm, vLLM, llama.cpp, SGLang).
 
-    python -m radixlm.bench_serving --base-url http://127.0.0.1:30000 --concurrency 1 16 32
-    python -m radixlm.bench_serving --base-url URL --dataset random --random-input-len 2000 \\
+    python -m radixlm.bench.serving --base-url http://127.0.0.1:30000 --concurrency 1 16 32
+    python -m radixlm.bench.serving --base-url URL --dataset random --random-input-len 2000 \\
         --output-len 1 --concurrency 1 --num-prompts 3
-    python -m radixlm.bench_serving --base-url URL --request-rate 8 --num-prompts 64
-    python -m radixlm.bench_serving --plot out.png --plot-from a.jsonl b.jsonl
+    python -m radixlm.bench.serving --base-url URL --request-rate 8 --num-prompts 64
+    python -m radixlm.bench.serving --plot out.png --plot-from a.jsonl b.jsonl
 
 It builds its workload itself (nothing is downloaded): `builtin` chat prompts
 of ~40 tokens, or `random` prompts of about `--random-input-len` tokens, each

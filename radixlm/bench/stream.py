@@ -1,6 +1,6 @@
 """Streaming cost per token: does a long stream get slower per token as it grows?
 
-    python -m radixlm.bench_stream [--num-tokens 3000] [--window 500]
+    python -m radixlm.bench.stream [--num-tokens 3000] [--window 500]
                                    [--routes engine native openai] [--incremental-streaming-output]
 
 Streams `--num-tokens` tokens (ignore_eos, logprobs with 5 top entries) from a
@@ -53,7 +53,7 @@ def build_tiny_llama(path: Path, context_len: int) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from radixlm.model_loader.default_model import resolve_model_dir
+    from radixlm.model_loader.model_path import resolve_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(None))
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,

@@ -36,13 +36,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from radixlm.io_struct import LogprobEntry, PoolingParams
-from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.messages.io_struct import LogprobEntry, PoolingParams
+from radixlm.messages.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
 
-    from radixlm.multimodal.mm_inputs import MultimodalInputs
+    from radixlm.messages.mm_inputs import MultimodalInputs
 
 
 @dataclass

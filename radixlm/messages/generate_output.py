@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.io_struct import FinishReason, SpecCounts
+from radixlm.messages.io_struct import FinishReason, SpecCounts
 
 # One logprob as the API reports it: [logprob, token_id, token_text]; the text is
 # None unless the request asked for it (return_text_in_logprobs).

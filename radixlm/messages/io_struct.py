@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.multimodal.mm_inputs import MultimodalInputs
-from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.messages.mm_inputs import MultimodalInputs
+from radixlm.messages.sampling_params import SamplingParams
 from radixlm.utils import public_error_text
 
 # (logprob, token_id)

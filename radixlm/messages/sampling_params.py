@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from radixlm.sampling.stop_regex import check_stop_regexes
+from radixlm.messages.stop_regex import check_stop_regexes
 
 # Constraint kinds, in the order the "only one" error names them.
 GRAMMAR_PARAMS = ("regex", "json_schema", "ebnf", "structural_tag")

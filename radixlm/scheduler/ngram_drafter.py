@@ -30,25 +30,13 @@ drafted rows then cost as much as the tokens they might save.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from radixlm.scheduler.request import Req
 from radixlm.server_args import ServerArgs
 from radixlm.speculative.ngram_index import NgramIndex
+from radixlm.speculative.spec_state import INITIAL_BACKOFF, SpecState
 
-INITIAL_BACKOFF = 16  # output tokens without drafting after a first low-acceptance spell
 MAX_BACKOFF = 512
 EMA_WEIGHT = 0.5  # weight of the newest verify in the acceptance average
-
-
-@dataclass
-class SpecState:
-    """One request's drafting state (its n-gram index and the adaptive rule's memory)."""
-
-    index: NgramIndex
-    acceptance: float  # exponential average of accepted / drafted per verify
-    resume_at: int = 0  # drafting pauses until the output has this many tokens
-    backoff: int = INITIAL_BACKOFF
 
 
 class NgramDrafter:

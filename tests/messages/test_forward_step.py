@@ -10,16 +10,16 @@ import sys
 
 import torch
 
-from radixlm.io_struct import TokenizedGenerateReq
-from radixlm.model_executor.forward_step import (
+from radixlm.messages.forward_step import (
     ForwardStep,
     PromptLogprobSpec,
     SamplingSpec,
     StepItem,
     VocabMask,
 )
-from radixlm.multimodal.mm_inputs import MultimodalInputs, MultimodalItem
-from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.messages.io_struct import TokenizedGenerateReq
+from radixlm.messages.mm_inputs import MultimodalInputs, MultimodalItem
+from radixlm.messages.sampling_params import SamplingParams
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.step_plan import ScheduledReq
 
@@ -109,6 +109,6 @@ def test_model_executor_imports_nothing_from_the_scheduler() -> None:
                          check=True, timeout=300)
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert "radixlm.model_executor.model_runner" in loaded
-    assert "radixlm.model_executor.forward_step" in loaded
+    assert "radixlm.messages.forward_step" in loaded
     assert [m for m in loaded if m.startswith(("radixlm.scheduler", "radixlm.tokenizer.",
                                                "radixlm.detokenizer"))] == []

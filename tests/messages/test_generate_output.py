@@ -3,8 +3,8 @@ sample-id convention."""
 
 from __future__ import annotations
 
-from radixlm.io_struct import FinishReason, is_sample_of, sample_rid
-from radixlm.tokenizer.generate_output import GenerateOutput, SampleDicts, final_dict
+from radixlm.messages.generate_output import GenerateOutput, SampleDicts, final_dict
+from radixlm.messages.io_struct import FinishReason, is_sample_of, sample_rid
 
 
 def _out(text: str, ids: list[int], n: int, finish: FinishReason | None = None) -> GenerateOutput:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from radixlm.sampling.sampling_params import (
+from radixlm.messages.sampling_params import (
     GRAMMAR_BACKEND_KINDS,
     GRAMMAR_PARAMS,
     TOO_MANY_GRAMMARS,
@@ -79,7 +79,7 @@ def test_backends_accept_their_kinds(backend: str) -> None:
 def test_sample_seeds_wrap_to_64_bits() -> None:
     import torch
 
-    from radixlm.sampling.sampling_params import SEED_MAX, SEED_MIN, sample_seed
+    from radixlm.messages.sampling_params import SEED_MAX, SEED_MIN, sample_seed
 
     assert sample_seed(None, 3) is None
     assert sample_seed(5, 2) == 7

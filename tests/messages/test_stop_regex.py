@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from radixlm.detokenizer.detokenizer_manager import DetokenizerManager
-from radixlm.io_struct import BatchTokenIDOut, FinishReason, TokenOut
-from radixlm.sampling.stop_regex import (
+from radixlm.messages.io_struct import BatchTokenIDOut, FinishReason, TokenOut
+from radixlm.messages.stop_regex import (
     check_stop_regexes,
     find_first_regex,
     max_match_len,

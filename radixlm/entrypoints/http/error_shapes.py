@@ -1,6 +1,6 @@
 """Errors in the shape of the API a route belongs to.
 
-Every error in the server is first an OpenAI error body (`openai/errors.py`):
+Every error in the server is first an OpenAI error body (`errors.py`):
 the route handlers, request validation, the API key and body size checks,
 the cross-site checks and unknown paths all answer with it. The Anthropic
 and Ollama routes answer in their own APIs' shapes, whatever raised the

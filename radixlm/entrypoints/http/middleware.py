@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixlm.entrypoints.openai.errors import APIError, error_body
-from radixlm.entrypoints.playground import is_public as is_playground
+from radixlm.entrypoints.http.errors import APIError, error_body
+from radixlm.entrypoints.playground.routes import is_public as is_playground
 
 # Routes a load balancer must reach without a key; the playground's page and assets
 # are public too (the page asks for the key and sends it on its API calls).

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from radixlm.entrypoints.middleware import header, send_error
+from radixlm.entrypoints.http.middleware import header, send_error
 from radixlm.server_args import ServerArgs
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}

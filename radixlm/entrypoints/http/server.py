@@ -30,19 +30,22 @@ import uvicorn
 from fastapi import FastAPI
 
 from radixlm import __version__
-from radixlm.entrypoints import control_api, native_api, playground, sglang_api
 from radixlm.entrypoints.anthropic import serving as anthropic_api
-from radixlm.entrypoints.error_shapes import ErrorShapeMiddleware
-from radixlm.entrypoints.middleware import install_middleware
+from radixlm.entrypoints.http.error_shapes import ErrorShapeMiddleware
+from radixlm.entrypoints.http.errors import install_error_handlers
+from radixlm.entrypoints.http.middleware import install_middleware
+from radixlm.entrypoints.http.security import install_cross_site_protection
+from radixlm.entrypoints.http.state import RuntimeStarter, ServerState
+from radixlm.entrypoints.native import api as native_api
+from radixlm.entrypoints.native import control as control_api
+from radixlm.entrypoints.native import sglang as sglang_api
 from radixlm.entrypoints.ollama import api as ollama_api
 from radixlm.entrypoints.openai import api as openai_api
 from radixlm.entrypoints.openai import batch_api
 from radixlm.entrypoints.openai.batch_api import run_in_process
 from radixlm.entrypoints.openai.batch_manager import BatchManager
-from radixlm.entrypoints.openai.errors import install_error_handlers
 from radixlm.entrypoints.openai.file_store import FileStore
-from radixlm.entrypoints.security import install_cross_site_protection
-from radixlm.entrypoints.server_state import RuntimeStarter, ServerState
+from radixlm.entrypoints.playground import routes as playground
 from radixlm.server_args import ServerArgs
 from radixlm.utils import PortArgs, configure_logging
 
@@ -64,7 +67,7 @@ class ProcessRuntime:
     async def start(cls, args: ServerArgs) -> ProcessRuntime:
         from radixlm.entrypoints.launch import make_is_alive, start_children, stop_children
         from radixlm.layers.cpu_kernels import prepare_cpu_kernels
-        from radixlm.model_loader.default_model import resolve_model_dir
+        from radixlm.model_loader.model_path import resolve_model_dir
         from radixlm.tokenizer.tokenizer_manager import TokenizerManager
         from radixlm.tokenizer_utils import load_tokenizer
 

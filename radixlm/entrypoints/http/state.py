@@ -20,9 +20,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from starlette.requests import Request
+
 from radixlm.chat_template import ChatTemplate, load_chat_template, resolve_chat_template
+from radixlm.entrypoints.http.errors import APIError
 from radixlm.entrypoints.openai.agents import AgentSettings, choose_agent_settings
-from radixlm.entrypoints.openai.errors import APIError
 from radixlm.entrypoints.openai.response_store import ResponseStore
 from radixlm.metrics import Metrics
 from radixlm.server_args import ServerArgs
@@ -177,3 +179,8 @@ class ServerState:
     @property
     def context_length(self) -> int:
         return int(self.tm.model_info.get("context_length") or 0) if self.tm else 0
+
+
+def state_of(request: Request) -> ServerState:
+    """The ServerState of the app that serves `request`."""
+    return request.app.state.server  # type: ignore[no-any-return]

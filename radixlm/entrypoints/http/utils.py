@@ -29,8 +29,8 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from radixlm.entrypoints.openai.errors import APIError, ClientDisconnected, validation_error
-from radixlm.tokenizer.generate_output import GenerateOutput
+from radixlm.entrypoints.http.errors import APIError, ClientDisconnected, validation_error
+from radixlm.messages.generate_output import GenerateOutput
 from radixlm.tokenizer.tokenizer_manager import EngineDeadError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

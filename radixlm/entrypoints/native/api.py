@@ -35,24 +35,20 @@ from pydantic import ConfigDict, model_validator
 from starlette.responses import Response
 
 from radixlm import __version__
-from radixlm.entrypoints.http_utils import collect, parse_body, sse, sse_stream
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse
-from radixlm.entrypoints.server_state import ServerState
-from radixlm.entrypoints.strict import StrictModel
-from radixlm.io_struct import is_sample_of
+from radixlm.entrypoints.http.errors import APIError, JSONResponse
+from radixlm.entrypoints.http.state import ServerState, state_of
+from radixlm.entrypoints.http.strict import StrictModel
+from radixlm.entrypoints.http.utils import collect, parse_body, sse, sse_stream
+from radixlm.messages.generate_output import GenerateOutput, SampleDicts, final_dict, token_only
+from radixlm.messages.io_struct import is_sample_of
 from radixlm.metrics import CONTENT_TYPE
 from radixlm.reasoning.split import ReasoningSplitter
-from radixlm.tokenizer.generate_output import GenerateOutput, SampleDicts, final_dict, token_only
 from radixlm.tokenizer.request_input import GenerateReqInput
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
 
 HEALTH_GENERATE_TIMEOUT = 20.0  # seconds (at most --watchdog-timeout)
-
-
-def state_of(request: Request) -> ServerState:
-    return request.app.state.server  # type: ignore[no-any-return]
 
 
 class GenerateRequest(StrictModel):
@@ -222,7 +218,7 @@ async def get_model_info(request: Request) -> Response:
 
 
 def _default_model_path(fallback: str) -> str:
-    from radixlm.model_loader.default_model import default_model_path
+    from radixlm.default_model import default_model_path
 
     try:
         return default_model_path()

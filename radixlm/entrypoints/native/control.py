@@ -20,10 +20,10 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import PlainTextResponse, Response
 
-from radixlm.entrypoints.http_utils import parse_body, read_json
-from radixlm.entrypoints.native_api import state_of
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse, error_body
-from radixlm.io_struct import ProfileReq
+from radixlm.entrypoints.http.errors import APIError, JSONResponse, error_body
+from radixlm.entrypoints.http.state import state_of
+from radixlm.entrypoints.http.utils import parse_body, read_json
+from radixlm.messages.io_struct import ProfileReq
 from radixlm.scheduler.profiler import MAX_PROFILE_STEPS
 
 router = APIRouter()

@@ -23,11 +23,12 @@ from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field
 from starlette.responses import Response
 
-from radixlm.entrypoints.http_utils import collect, parse_body
-from radixlm.entrypoints.native_api import get_model_info, get_server_info, state_of
+from radixlm.entrypoints.http.errors import APIError, JSONResponse
+from radixlm.entrypoints.http.state import state_of
+from radixlm.entrypoints.http.strict import StrictModel
+from radixlm.entrypoints.http.utils import collect, parse_body
+from radixlm.entrypoints.native.api import get_model_info, get_server_info
 from radixlm.entrypoints.openai import api as openai_api
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse
-from radixlm.entrypoints.strict import StrictModel
 from radixlm.tokenizer.request_input import GenerateReqInput
 
 router = APIRouter()

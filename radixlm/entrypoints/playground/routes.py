@@ -22,7 +22,7 @@ from importlib import resources
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from radixlm.entrypoints.openai.errors import APIError
+from radixlm.entrypoints.http.errors import APIError
 
 router = APIRouter()
 
@@ -54,7 +54,7 @@ def is_public(path: str) -> bool:
 @cache
 def _assets() -> dict[str, tuple[bytes, str]]:
     """name → (content, media type), read once from the package's static folder."""
-    folder = resources.files("radixlm.entrypoints") / "static"
+    folder = resources.files("radixlm.entrypoints.playground") / "static"
     out = {}
     for entry in folder.iterdir():
         suffix = "." + entry.name.rsplit(".", 1)[-1]

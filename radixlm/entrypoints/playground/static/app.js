@@ -1,4 +1,4 @@
-// The playground page: chat, settings, server panel. See radixlm/entrypoints/playground.py.
+// The playground page: chat, settings, server panel. See radixlm/entrypoints/playground/routes.py.
 //
 // The conversation lives in `state.history` ({role, content, images}); each
 // answer streams from /v1/chat/completions with continuous usage stats, so the
