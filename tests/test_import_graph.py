@@ -27,7 +27,8 @@ def loaded(graph: SimpleNamespace) -> tuple[set[str], dict[str, list[tuple[str, 
     return graph.load(str(ROOT / "radixlm"))  # type: ignore[no-any-return]
 
 
-def _upward(graph: SimpleNamespace, edges: dict[str, list[tuple[str, int]]]) -> set[tuple[str, str]]:
+def _upward(graph: SimpleNamespace,
+            edges: dict[str, list[tuple[str, int]]]) -> set[tuple[str, str]]:
     return {(src, dst) for src, targets in edges.items() for dst, _ in targets
             if graph.floor_of(src) >= 0 and graph.floor_of(dst) > graph.floor_of(src)}
 

@@ -1,4 +1,5 @@
-"""Constrained decoding: grammar backends (xgrammar, outlines, llguidance), their registry and their cache.
+"""Constrained decoding: grammar backends (xgrammar, outlines, llguidance), their registry
+(registry.py) and their cache.
 
 NOTE: the names below load their modules on first use (PEP 562), so importing a light
 module of this package (json_bounds, from the HTTP process) does not import the

@@ -1,8 +1,8 @@
 """The device-side description of one forward pass.
 
 The scheduler describes a step with plain CPU objects (`ForwardStep`, see
-messages/forward_step.py); the model runner turns that into a `ForwardBatch` of tensors, which the model and the
-attention backend read. Every request in a batch "extends" its sequence by
+messages/forward_step.py); the model runner turns that into a `ForwardBatch` of
+tensors, which the model and the attention backend read. Every request in a batch "extends" its sequence by
 `extend_lens[i]` tokens (1 for a decode, a chunk for a prefill, more for a
 jump-forward), after `prefix_lens[i]` tokens whose KV is already in the pool.
 
