@@ -13,7 +13,7 @@ tokens with ignore_eos, greedy:
 - grounded: a ~300-token incident report (fields and free text) and a task
   that copies or restates some of it (copy a field, list the steps, write
   fields as JSON): the input-grounded case where prompt lookup finds drafts;
-- chat: bench_serving's built-in chat prompts (nothing to copy).
+- chat: radixlm.bench.serving's built-in chat prompts (nothing to copy).
 
 Columns: output tok/s, forward steps per output token (meta_info
 forward_steps / completion_tokens), the drafted tokens' acceptance rate, and
