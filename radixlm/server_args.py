@@ -118,14 +118,17 @@ class ServerArgs:
     # Agents: tool calls and reasoning output
     tool_call_parser: str | None = _opt(
         None, "Tool-call format of the model: hermes (qwen25, qwen) | llama3 | mistral | "
-        "pythonic | generic. Default: detected from the chat template and tokenizer.",
-        choices=["hermes", "qwen25", "qwen", "llama3", "mistral", "pythonic", "generic"])
+        "pythonic | phi4_mini | generic. Default: detected from the chat template and "
+        "tokenizer.",
+        choices=["hermes", "qwen25", "qwen", "llama3", "mistral", "pythonic", "phi4_mini",
+                 "generic"])
     tool_call_constrained: bool = _opt(
         False, "Constrain tool_choice 'auto' too: the parser's start tag triggers a grammar, "
         "so a call the model starts always parses (required and named choices always are).")
     reasoning_parser: str | None = _opt(
         None, "Split a reasoning model's think block into reasoning_content: deepseek-r1 | "
-        "qwen3 | qwen3-thinking. Grammars then start after the block ends.",
+        "qwen3 | qwen3-thinking. Grammars then start after the block ends. Default: chosen "
+        "from the chat template (reasoning/defaults.py): on where it writes <think>.",
         choices=["deepseek-r1", "qwen3", "qwen3-thinking"])
 
     # Speculative decoding

@@ -145,6 +145,7 @@ TOOL_PARSERS: dict[str, str | type[ToolParser]] = {
     "mistral": "radixlm.function_call.mistral:MistralParser",
     "pythonic": "radixlm.function_call.pythonic:PythonicParser",
     "generic": "radixlm.function_call.generic:GenericParser",
+    "phi4_mini": "radixlm.function_call.phi4_mini:Phi4MiniParser",
 }
 
 

@@ -74,7 +74,8 @@ def choose_agent_settings(args: ServerArgs, template: ChatTemplate, tokenizer: A
     keep = any(i in special_ids for i in ids.values())
     logger.info("Tool-call parser: %s (%s)%s", choice.name, choice.reason,
                 "; special tokens kept in tool requests" if keep else "")
-    if args.reasoning_parser:
-        logger.info("Reasoning parser: %s (--reasoning-parser)", args.reasoning_parser)
+    # (chosen at start-up: --reasoning-parser, else the chat template; family_defaults.py)
+    logger.info("Reasoning parser: %s", args.reasoning_parser or
+                "none (no --reasoning-parser and no <think> block in the chat template)")
     return AgentSettings(choice.name, choice.reason, ids, keep, args.reasoning_parser,
                          args.tool_call_constrained)

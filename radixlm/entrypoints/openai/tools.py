@@ -68,7 +68,21 @@ class ToolPlan:
                     messages) else messages
             return generic_messages(messages, self.specs, self.choice,
                                     parallel_tool_calls=self.parallel)
+        if self.active and getattr(self.parser, "system_message_tools", False):
+            messages = system_message_tools(messages, self.specs)
         return template_messages(messages)
+
+
+def system_message_tools(messages: list[dict[str, Any]], specs: list[ToolSpec]
+                         ) -> list[dict[str, Any]]:
+    """The tools as a JSON string in the system message's `tools` field, where templates
+    like Phi-4-mini's read them (a system message is added when there is none)."""
+    tools = json.dumps([{"name": t.name, **({"description": t.description} if t.description
+                                             else {}), "parameters": dict(t.parameters)}
+                        for t in specs], ensure_ascii=False)
+    if messages and messages[0].get("role") == "system":
+        return [{**messages[0], "tools": tools}, *messages[1:]]
+    return [{"role": "system", "content": "", "tools": tools}, *messages]
 
 
 def _without_tool_prompt(messages: list[dict[str, Any]], specs: list[ToolSpec]
