@@ -85,31 +85,39 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 // hidden [T, hidden]; ropes: (cos, sin) per rotary table, each [T, 1, R / 2] in
-// hidden's dtype; code: the instructions of every layer (kWidth int64s each); floats,
-// tensors (norm weights and prepared linear weights), kinds and biases (per tensor:
-// PreparedWeight.cpp_kind and bias for linear weights); k_bufs, v_bufs: the pool's, by
-// layer id; attn_step: out_cache_loc, req_to_token, req_rows, seq_lens, q_starts,
-// q_lens. Writes each layer's K and V at out_cache_loc and returns (hidden, residual)
-// after the last layer, which the final norm adds.
+// hidden's dtype; code: the instructions of every layer, int64 [n * kWidth]; floats:
+// float64 [f]; tensors (norm weights and prepared linear weights), kinds (int64 [t])
+// and biases (per tensor: PreparedWeight.cpp_kind and bias for linear weights);
+// k_bufs, v_bufs: the pool's, by layer id; attn_step: out_cache_loc, req_to_token,
+// req_rows, seq_lens, q_starts, q_lens. Writes each layer's K and V at out_cache_loc
+// and returns (hidden, residual) after the last layer, which the final norm adds.
+// (code, floats and kinds are tensors: a list of thousands of ints would be converted
+// from Python at every call.)
 std::tuple<at::Tensor, at::Tensor> layer_program(
-    const at::Tensor& hidden, at::TensorList ropes, at::IntArrayRef code, int64_t num_regs,
-    at::ArrayRef<double> floats, at::TensorList tensors, at::IntArrayRef kinds,
+    const at::Tensor& hidden, at::TensorList ropes, const at::Tensor& code_t, int64_t num_regs,
+    const at::Tensor& floats_t, at::TensorList tensors, const at::Tensor& kinds_t,
     const c10::List<c10::optional<at::Tensor>>& biases, at::TensorList k_bufs,
     at::TensorList v_bufs, at::TensorList attn_step, bool fused) {
   const int64_t num_tensors = static_cast<int64_t>(tensors.size());
-  TORCH_CHECK(code.size() % kWidth == 0 && num_regs >= 2, "layer_program: malformed code");
-  TORCH_CHECK(static_cast<int64_t>(kinds.size()) == num_tensors &&
-                  static_cast<int64_t>(biases.size()) == num_tensors,
+  TORCH_CHECK(code_t.scalar_type() == at::kLong && code_t.is_contiguous() &&
+                  code_t.numel() % kWidth == 0 && num_regs >= 2,
+              "layer_program: malformed code");
+  TORCH_CHECK(floats_t.scalar_type() == at::kDouble && floats_t.is_contiguous() &&
+                  kinds_t.scalar_type() == at::kLong && kinds_t.is_contiguous(),
+              "layer_program: floats float64, kinds int64");
+  TORCH_CHECK(kinds_t.numel() == num_tensors && static_cast<int64_t>(biases.size()) == num_tensors,
               "layer_program: a kind and a bias per tensor");
+  const double* floats = floats_t.data_ptr<double>();
+  const at::IntArrayRef kinds(kinds_t.data_ptr<int64_t>(), num_tensors);
   TORCH_CHECK(attn_step.size() == 6, "layer_program: six attention step arguments");
   TORCH_CHECK(hidden.dim() == 2, "layer_program: hidden [T, hidden]");
   const AttnStep step{attn_step[0], attn_step[1], attn_step[2],
                       attn_step[3], attn_step[4], attn_step[5]};
   std::vector<at::Tensor> regs(num_regs);
   regs[kHidden] = hidden;
-  const auto* program = reinterpret_cast<const Instr*>(code.data());
-  const size_t length = code.size() / kWidth;
-  for (size_t i = 0; i < length; ++i) {
+  const auto* program = reinterpret_cast<const Instr*>(code_t.data_ptr<int64_t>());
+  const int64_t length = code_t.numel() / kWidth;
+  for (int64_t i = 0; i < length; ++i) {
     const Instr& in = program[i];
     const int64_t* p = in.p;
     switch (in.op) {
@@ -177,8 +185,8 @@ std::tuple<at::Tensor, at::Tensor> layer_program(
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def(
-      "layer_program(Tensor hidden, Tensor[] ropes, int[] code, int num_regs, float[] floats, "
-      "Tensor[] tensors, int[] kinds, Tensor?[] biases, Tensor(a!)[] k_bufs, "
+      "layer_program(Tensor hidden, Tensor[] ropes, Tensor code, int num_regs, Tensor floats, "
+      "Tensor[] tensors, Tensor kinds, Tensor?[] biases, Tensor(a!)[] k_bufs, "
       "Tensor(b!)[] v_bufs, Tensor[] attn_step, bool fused) -> (Tensor, Tensor)");
 }
 

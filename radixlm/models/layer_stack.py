@@ -75,8 +75,12 @@ class LayerStack:
         enc = ProgramEncoder(dtype)
         for program in programs:
             program.encode(enc)
-        self.code, self.num_regs, self.floats = enc.code, enc.num_regs, enc.floats
-        self.tensors, self.kinds, self.biases = enc.tensors, enc.kinds, enc.biases
+        # (code, floats and kinds as tensors: lists of thousands of numbers would be
+        # converted at every call)
+        self.code = torch.tensor(enc.code, dtype=torch.int64)
+        self.floats = torch.tensor(enc.floats, dtype=torch.float64)
+        self.kinds = torch.tensor(enc.kinds, dtype=torch.int64)
+        self.num_regs, self.tensors, self.biases = enc.num_regs, enc.tensors, enc.biases
         self.rope_tables = enc.rope_tables
 
     def run(self, hidden: torch.Tensor, ropes: dict[str, Rope],
