@@ -67,7 +67,7 @@ class Phi4MiniParser(ToolParser):
     def calls_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
         return seq(Lit(f"{FUNCTOOLS}["), self._call_list(tools, ", ", max_calls), Lit("]"))
 
-    def auto_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> Node:
-        calls = self._call_list(tools, ", ", None if parallel else 1)
+    def auto_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
+        calls = self._call_list(tools, ", ", max_calls)
         tag = Tag(f"{FUNCTOOLS}[", calls, "]")
         return Triggered((f"{FUNCTOOLS}[",), (tag,), stop_after_first=True)

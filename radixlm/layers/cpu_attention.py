@@ -114,8 +114,8 @@ class CpuPagedAttnBackend(AttentionBackend):
         pool.set_kv_buffer(layer_id, forward_batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.get_kv_buffer(layer_id)  # each [slots, Hkv, D]
         num_tokens, num_heads, head_dim = q.shape
-        scale = options.scale_for(head_dim)
-        if options.needs_mask:  # not in the kernel yet: the exact torch path
+        scale = head_dim**-0.5 if options.scale is None else options.scale
+        if options is not PLAIN_ATTENTION and options.needs_mask:  # not in the kernel yet
             plans = md.masked if md.masked is not None else MaskedPlans(forward_batch)
             out = masked_attention(q, k_buf, v_buf, plans.get(options.sliding_window), scale,
                                    options.logit_softcap)

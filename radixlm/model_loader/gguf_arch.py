@@ -381,8 +381,9 @@ def llama3_rope_scaling(freq_factors: np.ndarray, theta: float, rotary_dim: int
         if kept.size and divided.size:
             candidates.append((1.0, 4.0, float(4.0 * kept.max() + divided.min()) / 2.0))
     for low, high, old in candidates:
+        old_ctx: float = round(old) if abs(old - round(old)) < 1e-3 * old else old
         scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
-                   "high_freq_factor": high, "original_max_position_embeddings": old}
+                   "high_freq_factor": high, "original_max_position_embeddings": old_ctx}
         if np.allclose(_llama3_factors(scaling, wavelen), f, rtol=1e-4, atol=1e-5):
             return scaling
     raise ValueError("rope_freqs holds frequency factors that are not Llama 3's rope scaling")

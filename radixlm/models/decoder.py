@@ -145,7 +145,8 @@ class DecoderAttention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.head_dim = head_dim(config)
-        self.attn_options = spec.attn  # read by the attention backend's start-up log
+        # (the shared plain options: backends test `is PLAIN_ATTENTION` first)
+        self.attn_options = PLAIN_ATTENTION if spec.attn == PLAIN_ATTENTION else spec.attn
         num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         tp_rank, tp_size = tp_rank_size()
         self.qkv_proj = QKVParallelLinear(

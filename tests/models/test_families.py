@@ -40,11 +40,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], int | None]] = {
     "qwen3_window": ("qwen3", dict(head_dim=16, use_sliding_window=True, sliding_window=WINDOW,
                                    max_window_layers=1), None),
     "qwen3_moe": ("qwen3_moe", dict(_MOE, norm_topk_prob=True), None),
-    "qwen3_moe_unnormed": ("qwen3_moe", dict(_MOE, norm_topk_prob=False, mlp_only_layers=[]),
-                           None),
     "gemma3": ("gemma3_text", _GEMMA, None),
-    # transformers' Gemma 3 ignores attn_logit_softcapping: so must we
-    "gemma3_attn_softcap": ("gemma3_text", dict(_GEMMA, attn_logit_softcapping=20.0), None),
     # LongRoPE's short factors: served with a context no longer than the original 32
     "phi3": ("phi3", dict(_PHI3, sliding_window=WINDOW), 32),
     "phi4_mini": ("phi3", dict(_PHI3, tie_word_embeddings=True), 32),
@@ -103,6 +99,23 @@ def test_cpu_paged_backend(family) -> None:
     sc.chunked_prefill(*family, backend="cpu_paged")
 
 
+# Variants of one feature: one scenario each (the mixed batch has every kind of row).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3_moe_unnormed": ("qwen3_moe", dict(_MOE, norm_topk_prob=False, mlp_only_layers=[])),
+    # transformers' Gemma 3 ignores attn_logit_softcapping: so must we
+    "gemma3_attn_softcap": ("gemma3_text", dict(_GEMMA, attn_logit_softcapping=20.0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_mixed_batch(name: str, tmp_path) -> None:
+    model_type, overrides = VARIANTS[name]
+    hf = build(model_type, overrides)
+    hf.save_pretrained(tmp_path)
+    ours, config = load_model(str(tmp_path), torch.float32, "cpu")
+    sc.mixed_batch(hf, ours, config)
+
+
 def test_phi3_long_rope(tmp_path) -> None:
     """Served past the original context, LongRoPE takes its long factors for every
     position: equal to transformers on sequences longer than the original 32 tokens."""
@@ -157,3 +170,26 @@ def test_fast_path_takes_the_families(name: str, tmp_path) -> None:
     prepare_model(ours)
     assert "the C++ layer stack" in (fast_path_report(ours) or ""), fast_path_report(ours)
     assert stack_for(ours.model) is not None
+
+
+@pytest.mark.skipif(load_cpu_kernels() is None, reason="no CPU kernels")
+@pytest.mark.parametrize("name", ["qwen3_moe", "gemma3", "phi4_mini", "smollm3_window"])
+def test_bfloat16_prepared_weights_run(name: str, tmp_path) -> None:
+    """The families in bfloat16 with prepared (packed) weights, experts included, through
+    the paged backend and the fused kernels: next-token logits close to float32's."""
+    from radixlm.layers.prepared_weight import prepare_model
+
+    model_type, overrides, context_len = FAMILIES[name]
+    build(model_type, overrides).save_pretrained(tmp_path)
+    logits = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        ours, config = load_model(str(tmp_path), dtype, "cpu")
+        if context_len is not None:
+            ours.set_context_length(context_len)
+        prepare_model(ours)
+        runner = sc.PoolRunner(ours, config, dtype=dtype, backend="cpu_paged")
+        row = runner.new_request()
+        runner.step([(row, sc.prompt(20, seed=5))])
+        (logits[dtype],) = runner.step([(row, [7])])
+    ref, got = logits[torch.float32][0], logits[torch.bfloat16][0].float()
+    assert torch.nn.functional.cosine_similarity(ref, got, dim=0) > 0.99
