@@ -7,13 +7,16 @@
 // selected expert runs once, over all the rows routed to it (one matmul of many
 // rows per weight, through prepared_linear whatever the weight's format), and an
 // expert no row selected is never read, so a one-token decode step reads k
-// experts' weights of E. Outputs are added into each row in ascending expert
-// order, the order of the torch loop in moe.py.
+// experts' weights of E. Each row's weighted expert outputs are summed in
+// float32, in ascending expert order, and cast to x's dtype once (as the torch
+// loop in moe.py does, and as vLLM's and SGLang's fused MoE kernels accumulate):
+// in bf16 a sum of k outputs rounds once, not k times.
+#include <ATen/Dispatch.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/topk.h>
-#include <ATen/ops/zeros_like.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/record_function.h>
 #include <torch/library.h>
 
@@ -45,6 +48,24 @@ std::tuple<at::Tensor, at::Tensor> route(const at::Tensor& logits, int64_t top_k
   return {weights.to(dtype), experts.contiguous()};
 }
 
+// sum[rows[i]] += weights[picks[i]] * y[i] for the n rows of one expert, in float32.
+void accumulate(at::Tensor& sum, const at::Tensor& y, const float* weights,
+                const std::vector<int64_t>& rows, const std::vector<int64_t>& picks) {
+  const int64_t d = sum.size(1);
+  float* out = sum.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, y.scalar_type(), "moe_accumulate", [&] {
+    const scalar_t* src = y.data_ptr<scalar_t>();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const float w = weights[picks[i]];
+      float* dst = out + rows[i] * d;
+      const scalar_t* row = src + static_cast<int64_t>(i) * y.stride(0);
+      for (int64_t j = 0; j < d; ++j) {
+        dst[j] += w * static_cast<float>(row[j]);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& logits, int64_t top_k,
@@ -69,8 +90,8 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& logits, int64_t to
     rows[ids[i]].push_back(i / top_k);
     picks[ids[i]].push_back(i);
   }
-  const at::Tensor flat_weights = weights.reshape({-1});  // [T * k]
-  at::Tensor out = at::zeros_like(x);                     // [T, hidden]
+  const at::Tensor flat_weights = weights.to(at::kFloat).contiguous();  // [T, k]
+  at::Tensor sum = at::zeros({x.size(0), x.size(1)}, x.options().dtype(at::kFloat));
   for (int64_t e = 0; e < num_experts; ++e) {
     if (rows[e].empty()) {
       continue;  // never read
@@ -80,9 +101,9 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& logits, int64_t to
                                           gate_up_kinds[e]);
     const at::Tensor y = prepared_linear(gated_act(gu, act, fused), down[e], c10::nullopt,
                                          down_kinds[e]);  // [n, hidden]
-    out.index_add_(0, index, y * flat_weights.index_select(0, int64_tensor(picks[e])).unsqueeze(1));
+    accumulate(sum, y.contiguous(), flat_weights.data_ptr<float>(), rows[e], picks[e]);
   }
-  return out;
+  return sum.to(x.scalar_type());
 }
 
 }  // namespace radixlm::layer_ops

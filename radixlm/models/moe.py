@@ -9,8 +9,9 @@ what model loading packs) and is prepared at load like any other linear.
 The step groups its rows by expert: each selected expert runs once, on all the
 rows routed to it (one matmul for many rows), and an expert no row selected
 is never read, so a one-token decode reads k experts' weights, not all of
-them. The outputs are summed per token in ascending expert order (transformers'
-order, so float32 results match it). With tensor parallelism each rank holds
+them. The weighted outputs are summed per token in float32, in ascending expert
+order (transformers' order, so float32 results match it), and cast to the
+activations' dtype once. With tensor parallelism each rank holds
 its slice of every expert's intermediate features; the partial sums of all
 experts are all-reduced once.
 
@@ -118,12 +119,12 @@ class SparseMoeBlock(nn.Module):
     def _experts_loop(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """The experts in torch: what csrc/moe.cpp does, on any device and weight."""
         weights, experts = self.route(logits, x.dtype)  # [T, k] each
-        out = torch.zeros_like(x)  # [T, hidden]
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, hidden]
         flat = experts.reshape(-1)  # [T * k]
         order = torch.argsort(flat, stable=True)  # [T * k], grouped by expert
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         tokens = order // self.top_k  # [T * k] the token of each routed row
-        flat_weights = weights.reshape(-1)  # [T * k]
+        flat_weights = weights.reshape(-1).float()  # [T * k]
         start = 0
         for e, n in enumerate(counts):
             if n == 0:
@@ -131,6 +132,6 @@ class SparseMoeBlock(nn.Module):
             picked = order[start : start + n]  # [n] rows of (token, slot) routed to e
             rows = tokens[start : start + n]  # [n] token rows
             y = self.experts[e](x.index_select(0, rows))  # [n, hidden]
-            out.index_add_(0, rows, y * flat_weights[picked][:, None])
+            out.index_add_(0, rows, y.float() * flat_weights[picked][:, None])
             start += n
-        return out
+        return out.to(x.dtype)
