@@ -3,6 +3,7 @@
     .venv/bin/python scripts/profile_step.py [--batch 32] [--seq-len 400] [--steps 10]
         [--configs fp32:torch_native fp32:cpu_paged bf16:cpu_paged int8:cpu_paged] [--profile]
     .venv/bin/python scripts/profile_step.py --prefill 2000 [--chunk 512] ...
+    .venv/bin/python scripts/profile_step.py --model-path DIR_OR_GGUF ...  (default: the default model)
 
 Each config is `precision:backend[:loop]` (precision fp32, bf16, bf16w = float32 over bf16 weights, int8 = W8A8 over
 float32 activations, int8bf16 = W8A8 over bfloat16; `:loop` runs the decoder
@@ -50,10 +51,11 @@ CATEGORIES = [
 ]
 
 
-def build(config: str, batch: int, seq_len: int, steps: int) -> tuple[PoolRunner, list[int]]:
+def build(config: str, batch: int, seq_len: int, steps: int,
+          model_path: str | None = None) -> tuple[PoolRunner, list[int]]:
     precision, backend, *loop = config.split(":")
     dtype, quantization = PRECISIONS[precision]
-    model_dir = resolve_model_dir(None)
+    model_dir = resolve_model_dir(model_path)
     model, cfg = load_model(model_dir, dtype, "cpu")
     if quantization == "w8a8_int8":
         smooth_for_int8(model, cfg, model_dir)
@@ -140,13 +142,15 @@ def main() -> None:
     p.add_argument("--prefill", type=int, default=0, metavar="N",
                    help="time one N-token prompt's prefill instead of decode steps")
     p.add_argument("--chunk", type=int, default=512)
+    p.add_argument("--model-path", default=None,
+                   help="an HF folder or GGUF file (default: the default model)")
     args = p.parse_args()
     torch.set_grad_enabled(False)
     print(f"threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', 'default')}, batch {args.batch}, "
           f"seq {args.seq_len}")
     if args.prefill:  # one request, its own KV only
-        built = {c: build(c, 1, args.prefill, 0) for c in args.configs}
+        built = {c: build(c, 1, args.prefill, 0, args.model_path) for c in args.configs}
         for runner, rows in built.values():
             runner.kv.free(runner.rows.req_to_token[rows[0], : runner.cached[rows[0]]].clone())
             runner.cached[rows[0]] = 0
@@ -154,7 +158,8 @@ def main() -> None:
         def measure(runner: PoolRunner, rows: list[int]) -> float:
             return prefill(runner, rows[0], args.prefill, args.chunk)
     else:
-        built = {c: build(c, args.batch, args.seq_len, args.steps) for c in args.configs}
+        built = {c: build(c, args.batch, args.seq_len, args.steps, args.model_path)
+                 for c in args.configs}
 
         def measure(runner: PoolRunner, rows: list[int]) -> float:
             return decode_steps(runner, rows, args.steps)
