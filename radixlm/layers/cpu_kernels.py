@@ -34,11 +34,15 @@ logger = logging.getLogger(__name__)
 _SOURCES = [
     os.path.join(os.path.dirname(os.path.dirname(__file__)), "csrc", name)
     for name in ("cpu_kernels.cpp", "bf16_gemm.cpp", "bf16w_gemm.cpp", "layer_stack.cpp",
-                 "isa.cpp", "prepared_linear.cpp")
+                 "isa.cpp", "prepared_linear.cpp", "quant/quant_pack.cpp",
+                 "quant/quant_linear.cpp", "quant/quant_gemm_legacy.cpp", "quant/quant_gemm_k.cpp",
+                 "quant/quantize.cpp")
 ]
 _HEADERS = [os.path.join(os.path.dirname(_SOURCES[0]), name)
             for name in ("claim_parallel.h", "pairs_tiles.h", "isa.h", "isa_instantiate.h",
-                         "prepared_linear.h")]
+                         "prepared_linear.h", "quant/quant_layout.h", "quant/quant_blocks.h",
+                         "quant/quant_gemm.h", "quant/quant_gemm_body.h",
+                         "quant/quant_act_body.h")]
 _DISABLE_ENV = "RADIXLM_DISABLE_CPU_KERNELS"
 
 

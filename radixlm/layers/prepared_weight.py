@@ -52,7 +52,14 @@ logger = logging.getLogger(__name__)
 # How csrc/prepared_linear.cpp runs a weight (PreparedWeight.cpp_kind).
 CPP_PAIRS, CPP_ONEDNN, CPP_QUANT = 0, 1, 2
 
-QUANTIZATIONS = ("none", "w8a8_int8", "bf16_weights")
+# "gguf": a GGUF file's block formats as they are (layers loaded them quantized; its
+# float tensors are prepared as for "none"); "q8_0" | "q4_0" | "q4_k": float weights
+# quantized at load into those formats (the LM head into Q8_0, as llama.cpp keeps it
+# at 6-8 bits).
+QUANTIZATIONS = ("none", "w8a8_int8", "bf16_weights", "gguf", "q8_0", "q4_0", "q4_k")
+BLOCK_QUANTIZATIONS = {"q8_0": 8, "q4_0": 2, "q4_k": 12}  # → GGML type
+# Modes whose float32 norms, rotary and SiLU take the fused kernels (not the exact mode).
+FUSED_FLOAT32_MODES = ("bf16_weights", "gguf", *BLOCK_QUANTIZATIONS)
 
 
 class PreparedWeight(ABC):
@@ -181,11 +188,15 @@ class Int8PreparedWeight(PreparedWeight):
 
 def prepare_weight(weight: torch.Tensor, quantization: str, keep_plain: bool = False,
                    smoothing: torch.Tensor | None = None,
-                   transposed_dense: bool = False) -> PreparedWeight:
-    """The fastest form of a float weight [N, K] for `quantization`: int8 ("w8a8_int8",
-    with SmoothQuant's `smoothing`), bf16 pairs (bf16_weights over float32, or bf16 where
-    the CPU has bf16 dot products), oneDNN-packed (with the plain copy for 1-2 rows
-    where `keep_plain`), else the weight as it is (`transposed_dense`: a [K, N] copy)."""
+                   lm_head: bool = False) -> PreparedWeight:
+    """The fastest form of a float weight [N, K] for `quantization`: a GGUF block format
+    ("q8_0", "q4_0", "q4_k"; an LM head Q8_0), int8 ("w8a8_int8", with SmoothQuant's
+    `smoothing`), bf16 pairs (bf16_weights over float32, or bf16 where the CPU has bf16
+    dot products), oneDNN-packed (with the plain copy for 1-2 rows where `keep_plain`),
+    else the weight as it is (an LM head: a [K, N] copy)."""
+    quantized = _block_quantized(weight, quantization, lm_head)
+    if quantized is not None:
+        return quantized
     if quantization == "w8a8_int8":
         return Int8PreparedWeight(weight, smoothing)
     if quantization == "bf16_weights" and bf16w_capable(weight):
@@ -195,7 +206,26 @@ def prepare_weight(weight: torch.Tensor, quantization: str, keep_plain: bool = F
     if can_pack(weight):
         plain = weight.detach().contiguous() if keep_plain and wants_plain_copy(weight) else None
         return OneDnnWeight(weight, plain)
-    return DenseWeight(weight, transposed=transposed_dense and weight.device.type == "cpu")
+    return DenseWeight(weight, transposed=lm_head and weight.device.type == "cpu")
+
+
+def _block_quantized(weight: torch.Tensor, quantization: str,
+                     lm_head: bool) -> PreparedWeight | None:
+    """`weight` quantized for --quantization q8_0 | q4_0 | q4_k where its K allows (Q4_K
+    needs K % 256 == 0, else Q8_0; the LM head takes Q8_0); None otherwise."""
+    from radixlm.layers.cpu_kernels import load_cpu_kernels
+    from radixlm.layers.quant.quant_weight import QuantWeight
+
+    ggml_type = BLOCK_QUANTIZATIONS.get(quantization)
+    if ggml_type is None or weight.device.type != "cpu" or load_cpu_kernels() is None:
+        return None
+    k = weight.shape[1]
+    if lm_head or (ggml_type == 12 and k % 256):
+        ggml_type = 8
+    if k % 32:
+        return None
+    quant = QuantWeight.quantize(weight, ggml_type)
+    return quant.as_logits() if lm_head else quant
 
 
 def prepare_model(model: nn.Module, quantization: str = "none") -> tuple[int, int]:
@@ -204,8 +234,8 @@ def prepare_model(model: nn.Module, quantization: str = "none") -> tuple[int, in
     `small_batch_linear` (see cpu_gemm.py). Logs the format and kernel of each kind of
     layer.
 
-    Returns (number of weights quantized to int8, number packed, for oneDNN or the
-    bf16 pairs kernel).
+    Returns (number of weights quantized to int8 or a block format, number packed, for
+    oneDNN or the bf16 pairs kernel).
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; choose from {QUANTIZATIONS}")
@@ -224,16 +254,18 @@ def prepare_model(model: nn.Module, quantization: str = "none") -> tuple[int, in
         logger.info("Small-batch kernel off: plain copies would take %.1f GB (at most %.1f)",
                     plain_bytes / 2**30, MAX_PLAIN_COPY_BYTES / 2**30)
     counts = {"int8": 0, "packed": 0, "dense": 0, "quantized": 0}
+    float_mode = "none" if quantization == "gguf" else quantization
     for module in modules:
-        counts[module.prepare_weights(quantization, keep_plain)] += 1
-    # bf16_weights is not the exact mode: its float32 norms, rotary and SiLU may take
+        counts[module.prepare_weights(float_mode, keep_plain)] += 1
+    # bf16_weights and the block formats are not the exact mode: their float32 norms,
+    # rotary and SiLU may take
     # the fused kernels (cpu_kernels.use_fused_cpu_kernel) instead of torch's ~15
     # operators a layer, a third of a one-request step.
     for module in model.modules():
         if hasattr(module, "fuse_float32"):
-            setattr(module, "fuse_float32", quantization == "bf16_weights")  # noqa: B010
+            setattr(module, "fuse_float32", quantization in FUSED_FLOAT32_MODES)  # noqa: B010
     log_weight_formats(model)
-    return counts["int8"], counts["packed"]
+    return counts["int8"] + counts["quantized"], counts["packed"]
 
 
 def log_weight_formats(model: nn.Module) -> None:

@@ -1,14 +1,18 @@
-"""Convert a GGUF file into a cached Hugging Face folder, once.
+"""A GGUF file as a cached Hugging Face folder, once: config and tokenizer only.
 
-The folder holds config.json, model.safetensors (every tensor dequantized to
-float32) and the tokenizer files (tokenizer.json, tokenizer_config.json, the
-chat template), so every later start loads it like any other checkpoint.
+The folder holds config.json, the tokenizer files (tokenizer.json,
+tokenizer_config.json, the chat template) and `model.gguf`, a link to the file
+itself; the weights stay in the GGUF file and are read from it at every start
+(`iterate_gguf_weights`): kept in their block formats for radixlm's quantized
+kernels (`--quantization gguf`, the CPU default), or dequantized tensor by
+tensor for the float modes and CUDA. Nothing else is written.
 
 - The file is read by gguf_file.py and mapped onto Hugging Face names and
-  config by gguf_arch.py; tensor data is dequantized with `gguf.quants.dequantize`.
+  config by gguf_arch.py.
 - llama.cpp stores the Q and K projections of `llama` models with the rows
-  of each head interleaved for its rotary kernel; the conversion undoes that
-  permutation so the weights fit the Hugging Face ("neox") rotary layout.
+  of each head interleaved for its rotary kernel; loading undoes that
+  permutation (a permutation of rows, which block-quantized rows take as they
+  are) so the weights fit the Hugging Face ("neox") rotary layout.
 - The tokenizer comes from transformers' GGUF tokenizer conversion.
 - The folder is written to a temporary name and renamed into place, so a
   reader never sees half a folder and two processes converting at once both
@@ -26,9 +30,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
 
+from radixlm.layers.quant.quant_tensor import FLOAT_TYPES, QUANT_TYPES, QuantTensor, type_name
 from radixlm.model_loader.gguf_arch import (
     PERMUTED_ARCHS,
     arch_value,
@@ -36,34 +40,93 @@ from radixlm.model_loader.gguf_arch import (
     hf_tensor_name,
     unpermute_qk,
 )
-from radixlm.model_loader.gguf_file import GgufFile, dequantize_tensor, read_gguf
+from radixlm.model_loader.gguf_file import GgufData, GgufFile, read_gguf
 
 logger = logging.getLogger(__name__)
 
 # NOTE: bump when the folder's contents change, so old caches are not reused.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
+GGUF_LINK = "model.gguf"  # the folder's link to its GGUF file
 
 
 # ---------------------------------------------------------------- weights
 
 
-def iterate_gguf_weights(gguf: GgufFile) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 tensor) for every tensor the model uses, Q/K unpermuted."""
+def qk_row_order(num_rows: int, num_heads: int) -> torch.Tensor:
+    """The row order `unpermute_qk` gives: row i of the result is row order[i] of a
+    llama.cpp Q or K projection."""
+    head_dim = num_rows // num_heads
+    rows = torch.arange(num_rows).reshape(num_heads, head_dim // 2, 2)
+    return rows.transpose(1, 2).reshape(-1)
+
+
+def _unpermuted(tensor: torch.Tensor | QuantTensor, num_heads: int) -> torch.Tensor | QuantTensor:
+    if isinstance(tensor, QuantTensor):
+        return tensor.index_rows(qk_row_order(tensor.shape[0], num_heads))
+    return unpermute_qk(tensor, num_heads)
+
+
+def iterate_gguf_weights(path: str, keep_quantized: bool = False
+                         ) -> Iterator[tuple[str, torch.Tensor | QuantTensor]]:
+    """(Hugging Face name, tensor) for every tensor the model uses, Q/K unpermuted.
+
+    keep_quantized: block-quantized tensors come as QuantTensors (views of the file),
+    float ones as float views; raises ValueError naming the tensor for a block format
+    the kernels do not run. Else every tensor comes as float32. Each tensor's pages are
+    released once the consumer has moved on to the next one."""
+    gguf = read_gguf(path)
     meta = gguf.metadata
     arch = meta["general.architecture"]
     num_heads = int(arch_value(meta, "attention.head_count"))
     num_kv_heads = int(arch_value(meta, "attention.head_count_kv", num_heads))
-    blob = np.memmap(gguf.path, dtype=np.uint8, mode="r")
+    if keep_quantized:
+        _check_types(gguf)
+    with GgufData(path) as data:
+        for info in gguf.tensors:
+            name = hf_tensor_name(info.name)
+            if name is None:
+                continue
+            tensor = data.tensor(info)
+            if isinstance(tensor, QuantTensor) and not keep_quantized:
+                tensor = tensor.dequantize()
+            elif not isinstance(tensor, QuantTensor) and not keep_quantized:
+                tensor = tensor.float()
+            if arch in PERMUTED_ARCHS and ".q_proj." in name:
+                tensor = _unpermuted(tensor, num_heads)
+            elif arch in PERMUTED_ARCHS and ".k_proj." in name:
+                tensor = _unpermuted(tensor, num_kv_heads)
+            yield name, tensor
+            del tensor
+            data.release(info)
+
+
+def _check_types(gguf: GgufFile) -> None:
     for info in gguf.tensors:
-        name = hf_tensor_name(info.name)
-        if name is None:
-            continue
-        tensor = dequantize_tensor(blob, info)
-        if arch in PERMUTED_ARCHS and ".q_proj." in name:
-            tensor = unpermute_qk(tensor, num_heads)
-        elif arch in PERMUTED_ARCHS and ".k_proj." in name:
-            tensor = unpermute_qk(tensor, num_kv_heads)
-        yield name, tensor
+        if info.ggml_type not in QUANT_TYPES | FLOAT_TYPES and hf_tensor_name(info.name):
+            raise ValueError(
+                f"{gguf.path}: tensor {info.name!r} is {type_name(info.ggml_type)}, which "
+                "radixlm's quantized kernels do not run (they run Q4_0, Q4_1, Q5_0, Q5_1, "
+                "Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16, F32); "
+                "--quantization none runs the model dequantized")
+
+
+def gguf_shapes(path: str) -> dict[str, tuple[int, ...]]:
+    """Hugging Face name → shape of every tensor the model uses (no data read)."""
+    gguf = read_gguf(path)
+    return {name: info.shape for info in gguf.tensors
+            if (name := hf_tensor_name(info.name)) is not None}
+
+
+def gguf_is_quantized(model_dir: str) -> bool:
+    """Whether model_dir is a GGUF folder whose file holds block-quantized tensors."""
+    path = gguf_in_folder(model_dir)
+    return path is not None and any(t.ggml_type not in FLOAT_TYPES for t in read_gguf(path).tensors)
+
+
+def gguf_in_folder(model_dir: str) -> str | None:
+    """The GGUF file a converted folder links to, or None for another folder."""
+    path = os.path.join(model_dir, GGUF_LINK)
+    return path if os.path.exists(path) else None
 
 
 # ---------------------------------------------------------------- the cached folder
@@ -86,7 +149,7 @@ def gguf_cache_dir(gguf_path: str, cache_root: str | None = None) -> str:
 
 
 def convert_gguf(gguf_path: str, cache_root: str | None = None) -> str:
-    """The Hugging Face folder for a GGUF file, converting it on first use."""
+    """The Hugging Face folder for a GGUF file, writing it on first use."""
     out_dir = gguf_cache_dir(gguf_path, cache_root)
     if os.path.isfile(os.path.join(out_dir, "config.json")):
         return out_dir
@@ -104,7 +167,8 @@ def convert_gguf(gguf_path: str, cache_root: str | None = None) -> str:
         # Another process finished the same conversion first: use its copy.
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    logger.info("converted %s to %s in %.1f s", gguf_path, out_dir, time.perf_counter() - start)
+    logger.info("Read the config and tokenizer of %s into %s in %.1f s", gguf_path, out_dir,
+                time.perf_counter() - start)
     return out_dir
 
 
@@ -117,18 +181,26 @@ def _remove_stale_temp_dirs(parent: str, max_age_s: float = 3600.0) -> None:
 
 
 def _write_hf_folder(gguf_path: str, out_dir: str) -> None:
-    from safetensors.torch import save_file
-    from transformers import AutoConfig
-
-    gguf = read_gguf(gguf_path)
-    model_type, kwargs = hf_config_kwargs(gguf)
-    config = AutoConfig.for_model(model_type, **kwargs)
-    config.dtype = torch.float32
-    tensors = dict(iterate_gguf_weights(gguf))
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    config = _config(gguf_path)
     _write_tokenizer(gguf_path, out_dir, config.max_position_embeddings)
     # NOTE: config.json last: its presence marks a complete folder.
-    config.save_pretrained(out_dir)
+    write_config_and_link(gguf_path, out_dir, config)
+
+
+def _config(gguf_path: str) -> Any:
+    from transformers import AutoConfig
+
+    model_type, kwargs = hf_config_kwargs(read_gguf(gguf_path))
+    config = AutoConfig.for_model(model_type, **kwargs)
+    config.dtype = torch.float32
+    return config
+
+
+def write_config_and_link(gguf_path: str, out_dir: str, config: Any = None) -> None:
+    """config.json and the link to the file in out_dir: all that loading needs (the
+    tokenizer files are for serving)."""
+    os.symlink(os.path.realpath(gguf_path), os.path.join(out_dir, GGUF_LINK))
+    (config if config is not None else _config(gguf_path)).save_pretrained(out_dir)
 
 
 def _write_tokenizer(gguf_path: str, out_dir: str, max_length: int) -> None:
