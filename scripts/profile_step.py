@@ -5,7 +5,9 @@
     .venv/bin/python scripts/profile_step.py --prefill 2000 [--chunk 512] ...
 
 Each config is `precision:backend[:loop]` (precision fp32, bf16, bf16w = float32 over bf16 weights, int8 = W8A8 over
-float32 activations, int8bf16 = W8A8 over bfloat16; `:loop` runs the decoder
+float32 activations, int8bf16 = W8A8 over bfloat16, gguf = a GGUF file's block formats
+over float32 activations (gguf16: over bfloat16), q8_0 / q4_0 / q4_k = float weights
+quantized at load; `--model-path` another model than the default; `:loop` runs the decoder
 layers in the Python loop instead of the C++ layer stack, models/layer_stack.py).
 The requests start with `--seq-len` tokens of random K/V in the pool, then decode
 `--steps` steps; the configs run in turn, `--rounds` times, so their ratios are
@@ -41,20 +43,26 @@ PRECISIONS = {
     "bf16w": (torch.float32, "bf16_weights"),
     "int8": (torch.float32, "w8a8_int8"),
     "int8bf16": (torch.bfloat16, "w8a8_int8"),
+    "gguf": (torch.float32, "gguf"),
+    "gguf16": (torch.bfloat16, "gguf"),
+    "q8_0": (torch.float32, "q8_0"),
+    "q4_0": (torch.float32, "q4_0"),
+    "q4_k": (torch.float32, "q4_k"),
 }
 CATEGORIES = [
     ("attention", ("paged_attention", "index_select", "scaled_dot_product", "flash_attention",
                    "index_put", "_softmax", "bmm")),
     ("linear layers", ("_linear_pointwise", "_int_mm", "int8_linear", "quantize", "linear",
-                       "pairs_linear", "bf16w_linear")),
+                       "pairs_linear", "bf16w_linear", "q_linear")),
 ]
 
 
-def build(config: str, batch: int, seq_len: int, steps: int) -> tuple[PoolRunner, list[int]]:
+def build(config: str, batch: int, seq_len: int, steps: int,
+          model_path: str | None = None) -> tuple[PoolRunner, list[int]]:
     precision, backend, *loop = config.split(":")
     dtype, quantization = PRECISIONS[precision]
-    model_dir = resolve_model_dir(None)
-    model, cfg = load_model(model_dir, dtype, "cpu")
+    model_dir = resolve_model_dir(model_path)
+    model, cfg = load_model(model_dir, dtype, "cpu", keep_quantized=quantization == "gguf")
     if quantization == "w8a8_int8":
         smooth_for_int8(model, cfg, model_dir)
     prepare_model(model, quantization)
@@ -140,13 +148,14 @@ def main() -> None:
     p.add_argument("--prefill", type=int, default=0, metavar="N",
                    help="time one N-token prompt's prefill instead of decode steps")
     p.add_argument("--chunk", type=int, default=512)
+    p.add_argument("--model-path", default=None, help="a GGUF file or HF folder (default model)")
     args = p.parse_args()
     torch.set_grad_enabled(False)
     print(f"threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', 'default')}, batch {args.batch}, "
           f"seq {args.seq_len}")
     if args.prefill:  # one request, its own KV only
-        built = {c: build(c, 1, args.prefill, 0) for c in args.configs}
+        built = {c: build(c, 1, args.prefill, 0, args.model_path) for c in args.configs}
         for runner, rows in built.values():
             runner.kv.free(runner.rows.req_to_token[rows[0], : runner.cached[rows[0]]].clone())
             runner.cached[rows[0]] = 0
@@ -154,7 +163,8 @@ def main() -> None:
         def measure(runner: PoolRunner, rows: list[int]) -> float:
             return prefill(runner, rows[0], args.prefill, args.chunk)
     else:
-        built = {c: build(c, args.batch, args.seq_len, args.steps) for c in args.configs}
+        built = {c: build(c, args.batch, args.seq_len, args.steps, args.model_path)
+                 for c in args.configs}
 
         def measure(runner: PoolRunner, rows: list[int]) -> float:
             return decode_steps(runner, rows, args.steps)

@@ -273,9 +273,12 @@ def log_weight_formats(model: nn.Module) -> None:
     format and kernel its weights run in, and how many layers."""
     kinds: Counter[tuple[str, str]] = Counter()
     for name, module in model.named_modules():
+        kind = ".".join(p for p in name.split(".") if not p.isdigit())
         prepared = getattr(module, "prepared", None)
         if isinstance(prepared, PreparedWeight):
-            kind = ".".join(p for p in name.split(".") if not p.isdigit())
             kinds[(kind, prepared.describe())] += 1
+        table = getattr(module, "quant", None)  # a quantized embedding table
+        if isinstance(table, PreparedWeight):
+            kinds[(kind, f"{table.format} (q_embedding lookup)")] += 1
     for (kind, described), num in sorted(kinds.items()):
         logger.info("Weights %s: %s x %d", kind, described, num)
