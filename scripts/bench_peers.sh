@@ -5,7 +5,7 @@
 #
 # engines: radixlm (default precision), radixlm-fp32, llama (llama.cpp server),
 # vllm (vLLM-CPU, bf16 where the CPU has it), vllm-fp32. Default: all of them.
-# Peers are set up as ../shared/peers/README.md says (venvs ~/peer-llama-native or
+# Peers are set up as docs/benchmarks.md says (venvs ~/peer-llama-native or
 # ~/peer-llama, ~/peer-vllm); an engine whose venv is missing is skipped with a note.
 # Each engine: a short warm-up, chat prompts of ~40 tokens with 128 output tokens at
 # concurrency 1, 16 and 32 (REPEAT runs each, default 1), then a ~2,000-token prompt

@@ -13,16 +13,22 @@
 // exact float32 steps with torch's operators as layers/*.py spell them (the exact
 // mode stays what transformers computes). models/layer_stack.py decides when a
 // step may take this path and whether it is fused.
-#include <torch/extension.h>
-
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/rms_norm.h>
+#include <ATen/ops/silu.h>
 #include <ATen/record_function.h>
+#include <torch/library.h>
 
 #include "prepared_linear.h"
 
 #include <tuple>
 #include <vector>
 
-// The kernels (cpu_kernels.cpp; every linear layer through prepared_linear.h).
+// The kernels (ops.h lists their files; every linear layer through prepared_linear.h).
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                            const at::Tensor& req_to_token, const at::Tensor& req_rows,
                            const at::Tensor& seq_lens, const at::Tensor& q_starts,

@@ -1,10 +1,10 @@
 """The CPU attention backend: paged attention over the pool, read in place.
 
 Every request of a step, decode or prefill chunk, is attended by one call of the
-C++ kernel (`radixlm/csrc/cpu_kernels.cpp`): it reads each request's keys and
-values where they lie in the pool, through its row of the slot table, instead
-of gathering copies every layer (the torch-native backend's decode copies
-~600 MB per step at 32 requests of 400 tokens). Up to 16 new rows a request
+C++ kernel (`radixlm/csrc/attention.cpp`, its work in `attention*_body.h`): it reads
+each request's keys and values where they lie in the pool, through its row of the
+slot table, instead of gathering copies every layer (the torch-native backend's
+decode copies ~600 MB per step at 32 requests of 400 tokens). Up to 16 new rows a request
 (decodes, jump-forward runs, a speculative step's 1 + K) are scored row by
 row; longer chunks go through the kernel's blocked flash attention (online
 softmax over blocks of 64 keys, causal blocks skipped), 2-5x faster here than
@@ -15,10 +15,16 @@ grouped KV heads falls back to its math kernel. Head dims other than 64 and
 
 Exact against `TorchNativeAttnBackend` up to float summation order. Used by
 default on the CPU when the kernels build (`--attention-backend auto`).
+
+The kernel takes a layer's softmax scale, but has no sliding window and no
+logit softcap yet: layers that ask for either run through the torch-native
+masked path (attention_masked.py), exactly, and the backend says so at
+start-up, naming the layers.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,15 +32,21 @@ import torch
 from torch import nn
 
 from radixlm.layers.attention import (
+    PLAIN_ATTENTION,
     AttentionBackend,
+    AttnOptions,
     ExtendReq,
     extend_attention,
     extend_request,
+    masked_layers,
 )
+from radixlm.layers.attention_masked import MaskedPlans, masked_attention
 from radixlm.layers.cpu_kernels import load_cpu_kernels
 
 if TYPE_CHECKING:
     from radixlm.model_executor.forward_batch import ForwardBatch
+
+logger = logging.getLogger(__name__)
 
 # Head dims with the kernel's blocked path: every extend goes through the kernel.
 BLOCKED_HEAD_DIMS = (64, 128)
@@ -49,6 +61,7 @@ class CpuPagedMetadata:
     kernel_args: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
     covers_all_rows: bool  # the kernel computes every row of the batch
     extends: list[ExtendReq] = field(default_factory=list)
+    masked: MaskedPlans | None = None  # for layers with a window or a softcap
 
 
 class CpuPagedAttnBackend(AttentionBackend):
@@ -58,6 +71,10 @@ class CpuPagedAttnBackend(AttentionBackend):
         super().__init__(model)
         if load_cpu_kernels() is None:  # registers torch.ops.radixlm.*
             raise RuntimeError("the cpu_paged attention backend needs the CPU kernels")
+        for what, layer_ids in masked_layers(model).items():
+            logger.info("Attention: layers %s (%s) run through the torch-native masked "
+                        "path: the paged kernel has no sliding window or softcap yet",
+                        _ranges(layer_ids), what)
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
@@ -81,7 +98,7 @@ class CpuPagedAttnBackend(AttentionBackend):
             for i, n in enumerate(fb.extend_lens)
             if max_rows is not None and n > max_rows
         ]
-        fb.attn_metadata = CpuPagedMetadata(kernel_args, not extends, extends)
+        fb.attn_metadata = CpuPagedMetadata(kernel_args, not extends, extends, MaskedPlans(fb))
 
     def forward(
         self,
@@ -90,20 +107,38 @@ class CpuPagedAttnBackend(AttentionBackend):
         v: torch.Tensor,
         layer_id: int,
         forward_batch: ForwardBatch,
+        options: AttnOptions = PLAIN_ATTENTION,
     ) -> torch.Tensor:
         md: CpuPagedMetadata = forward_batch.attn_metadata
         pool = forward_batch.token_to_kv_pool
         pool.set_kv_buffer(layer_id, forward_batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.get_kv_buffer(layer_id)  # each [slots, Hkv, D]
         num_tokens, num_heads, head_dim = q.shape
+        scale = head_dim**-0.5 if options.scale is None else options.scale
+        if options is not PLAIN_ATTENTION and options.needs_mask:  # not in the kernel yet
+            plans = md.masked if md.masked is not None else MaskedPlans(forward_batch)
+            out = masked_attention(q, k_buf, v_buf, plans.get(options.sliding_window), scale,
+                                   options.logit_softcap)
+            return out.view(num_tokens, -1)
         if md.kernel_args is not None:
             rows, seq_lens, q_starts, q_lens = md.kernel_args
             out = torch.ops.radixlm.paged_attention(
                 q, k_buf, v_buf, forward_batch.req_to_token, rows, seq_lens, q_starts, q_lens,
-                head_dim**-0.5,
+                scale,
             )  # [T, H, D]; rows of longer extends are filled below
         else:
             out = q.new_empty(num_tokens, num_heads, head_dim)  # [T, H, D]
         for ext in md.extends:
-            out[ext.start : ext.end] = extend_attention(q, k, v, k_buf, v_buf, ext)
+            out[ext.start : ext.end] = extend_attention(q, k, v, k_buf, v_buf, ext, scale)
         return out.view(num_tokens, -1)
+
+
+def _ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 4] → "0-2, 4"."""
+    out: list[str] = []
+    for i in sorted(ids):
+        if out and out[-1].split("-")[-1] == str(i - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)

@@ -138,6 +138,20 @@ class TokenToKVPool:
         self.k_buffers[layer_id].index_copy_(0, loc, k.to(self.dtype))
         self.v_buffers[layer_id].index_copy_(0, loc, v.to(self.dtype))
 
+    def slot_buffers(self) -> list[tuple[str, torch.Tensor]]:
+        """Every buffer indexed by KV slot, each [size + 1, ...], named: what one slot's KV is.
+
+        The disk tier stores and restores exactly these rows, bytes as they are, so
+        a pool that keeps more per slot (an int8 pool's scales) must list it here.
+        """
+        return [(f"{kind}{i}", buf) for i in range(self.num_layers)
+                for kind, buf in (("k", self.k_buffers[i]), ("v", self.v_buffers[i]))]
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The KV cache's dtype as the user names it (part of the disk tier's key)."""
+        return str(self.dtype).removeprefix("torch.")
+
     # ---- allocator ----
 
     def available_size(self) -> int:

@@ -52,6 +52,7 @@ from radixlm.model_executor.precision import resolve_precision
 from radixlm.model_loader.gguf_convert import gguf_is_quantized
 from radixlm.model_loader.loader import CheckpointShapes, load_model
 from radixlm.models.base import CausalLM, PoolingModel
+from radixlm.models.layer_stack import fast_path_report
 from radixlm.models.pooler import finish_vector
 from radixlm.models.registry import get_model_class
 from radixlm.multimodal.mm_inputs import MultimodalInputs
@@ -111,6 +112,7 @@ class ModelRunner:
         text_config = getattr(self.config, "text_config", None) or self.config
         self.vocab_size = int(text_config.vocab_size)
         self.context_len = int(args.context_length or text_config.max_position_embeddings)
+        self.model.set_context_length(self.context_len)
         self.eos_token_ids = _eos_ids(self.config, model_dir)
         self._init_memory(text_config)
         self.attn_backend = self._create_attention_backend(args.attention_backend)
@@ -147,6 +149,8 @@ class ModelRunner:
             num_int8, num_packed = prepare_model(model, quantization)
             logger.info("Weights: %d quantized (int8 or GGUF block formats), %d packed (oneDNN "
                         "or bf16 pairs)", num_int8, num_packed)
+        if self.device == "cpu" and (report := fast_path_report(model)) is not None:
+            logger.info("Layers: %s", report)
         return model, config
 
     @property

@@ -1,18 +1,19 @@
 """A GGUF file as a cached Hugging Face folder, once: config and tokenizer only.
 
-The folder holds config.json, the tokenizer files (tokenizer.json,
-tokenizer_config.json, the chat template) and `model.gguf`, a link to the file
-itself; the weights stay in the GGUF file and are read from it at every start
-(`iterate_gguf_weights`): kept in their block formats for radixlm's quantized
-kernels (`--quantization gguf`, the CPU default), or dequantized tensor by
-tensor for the float modes and CUDA. Nothing else is written.
+The folder holds config.json, generation_config.json (end-of-turn tokens: eos,
+eot, eom), the tokenizer files (tokenizer.json, tokenizer_config.json, the chat
+template) and `model.gguf`, a link to the file itself; the weights stay in the
+GGUF file and are read from it at every start (`iterate_gguf_weights`): kept in
+their block formats for radixlm's quantized kernels (`--quantization gguf`, the
+CPU default), or dequantized tensor by tensor for the float modes and CUDA.
+Nothing else is written.
 
 - The file is read by gguf_file.py and mapped onto Hugging Face names and
-  config by gguf_arch.py.
-- llama.cpp stores the Q and K projections of `llama` models with the rows
-  of each head interleaved for its rotary kernel; loading undoes that
-  permutation (a permutation of rows, which block-quantized rows take as they
-  are) so the weights fit the Hugging Face ("neox") rotary layout.
+  config by gguf_arch.py (`plan_gguf`), which also says how to undo what
+  llama.cpp's converter did to some tensors (the Q/K row permutation of
+  `llama` models, Gemma's 1 + w norms, MoE experts stacked in 3D tensors).
+  A block-quantized tensor takes the expert slice and the Q/K permutation as
+  they are (they select whole rows), so every family loads quantized.
 - The tokenizer comes from transformers' GGUF tokenizer conversion.
 - The folder is written to a temporary name and renamed into place, so a
   reader never sees half a folder and two processes converting at once both
@@ -22,6 +23,7 @@ tensor for the float modes and CUDA. Nothing else is written.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -34,75 +36,93 @@ import torch
 
 from radixlm.layers.quant.quant_tensor import FLOAT_TYPES, QUANT_TYPES, QuantTensor, type_name
 from radixlm.model_loader.gguf_arch import (
-    PERMUTED_ARCHS,
-    arch_value,
-    hf_config_kwargs,
-    hf_tensor_name,
-    unpermute_qk,
+    UNPERMUTE,
+    GgufPlan,
+    TensorPlan,
+    apply_plan,
+    complete_config,
+    plan_gguf,
 )
-from radixlm.model_loader.gguf_file import GgufData, GgufFile, read_gguf
+from radixlm.model_loader.gguf_file import GgufData, GgufFile, GgufTensorInfo, read_gguf
 
 logger = logging.getLogger(__name__)
 
 # NOTE: bump when the folder's contents change, so old caches are not reused.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3  # 3: no model.safetensors, a link to the file
 GGUF_LINK = "model.gguf"  # the folder's link to its GGUF file
+
+Weight = torch.Tensor | QuantTensor
 
 
 # ---------------------------------------------------------------- weights
 
 
 def qk_row_order(num_rows: int, num_heads: int) -> torch.Tensor:
-    """The row order `unpermute_qk` gives: row i of the result is row order[i] of a
-    llama.cpp Q or K projection."""
+    """The row order `gguf_arch.unpermute_qk` gives: row i of the result is row order[i]
+    of a llama.cpp Q or K projection."""
     head_dim = num_rows // num_heads
     rows = torch.arange(num_rows).reshape(num_heads, head_dim // 2, 2)
     return rows.transpose(1, 2).reshape(-1)
 
 
-def _unpermuted(tensor: torch.Tensor | QuantTensor, num_heads: int) -> torch.Tensor | QuantTensor:
+def _apply_quant_plan(tensor: QuantTensor, plan: TensorPlan) -> Weight:
+    """apply_plan for a block-quantized tensor: whole rows move, blocks stay intact."""
+    if plan.expert is not None:
+        tensor = tensor[plan.expert]
+    if plan.fix is None:
+        return tensor
+    if plan.fix[0] == UNPERMUTE:
+        return tensor.index_rows(qk_row_order(tensor.shape[0], int(plan.fix[1])))
+    return apply_plan(tensor.dequantize(), plan._replace(expert=None))  # (a norm: never seen)
+
+
+def _float32(data: GgufData, info: GgufTensorInfo) -> torch.Tensor:
+    tensor = data.tensor(info)
     if isinstance(tensor, QuantTensor):
-        return tensor.index_rows(qk_row_order(tensor.shape[0], num_heads))
-    return unpermute_qk(tensor, num_heads)
+        return tensor.dequantize()
+    return tensor.to(torch.float32, copy=True)  # (a float view of the file: copied out)
 
 
-def iterate_gguf_weights(path: str, keep_quantized: bool = False
-                         ) -> Iterator[tuple[str, torch.Tensor | QuantTensor]]:
-    """(Hugging Face name, tensor) for every tensor the model uses, Q/K unpermuted.
+def _read(data: GgufData, info: GgufTensorInfo, keep_quantized: bool) -> Weight:
+    return data.tensor(info) if keep_quantized else _float32(data, info)
+
+
+def iterate_gguf_weights(gguf: GgufFile | str, plan: GgufPlan | None = None,
+                         keep_quantized: bool = False) -> Iterator[tuple[str, Weight]]:
+    """(Hugging Face name, tensor) for every tensor the model uses, with llama.cpp's
+    fix-ups undone (gguf_arch.py).
 
     keep_quantized: block-quantized tensors come as QuantTensors (views of the file),
-    float ones as float views; raises ValueError naming the tensor for a block format
-    the kernels do not run. Else every tensor comes as float32. Each tensor's pages are
+    float ones as float views; raises ValueError naming the tensor for a block format the
+    kernels do not run. Else every tensor comes as float32. Each GGUF tensor's pages are
     released once the consumer has moved on to the next one."""
-    gguf = read_gguf(path)
-    meta = gguf.metadata
-    arch = meta["general.architecture"]
-    num_heads = int(arch_value(meta, "attention.head_count"))
-    num_kv_heads = int(arch_value(meta, "attention.head_count_kv", num_heads))
+    gguf = read_gguf(gguf) if isinstance(gguf, str) else gguf
+    plan = plan or plan_gguf(gguf.metadata, gguf.tensors)
     if keep_quantized:
-        _check_types(gguf)
-    with GgufData(path) as data:
+        _check_types(gguf, plan)
+    infos = {t.name: t for t in gguf.tensors}
+    with GgufData(gguf.path) as data:
+        current: tuple[str, Weight] | None = None
+        for tensor_plan in plan.tensors:  # a 3D expert tensor's slices follow each other
+            if current is None or current[0] != tensor_plan.gguf_name:
+                if current is not None:
+                    data.release(infos[current[0]])
+                current = (tensor_plan.gguf_name,
+                           _read(data, infos[tensor_plan.gguf_name], keep_quantized))
+            tensor = current[1]
+            if isinstance(tensor, QuantTensor):
+                yield tensor_plan.hf_name, _apply_quant_plan(tensor, tensor_plan)
+            else:
+                yield tensor_plan.hf_name, apply_plan(tensor, tensor_plan)
+        current = None
         for info in gguf.tensors:
-            name = hf_tensor_name(info.name)
-            if name is None:
-                continue
-            tensor = data.tensor(info)
-            if isinstance(tensor, QuantTensor) and not keep_quantized:
-                tensor = tensor.dequantize()
-            elif not isinstance(tensor, QuantTensor) and not keep_quantized:
-                tensor = tensor.float()
-            if arch in PERMUTED_ARCHS and ".q_proj." in name:
-                tensor = _unpermuted(tensor, num_heads)
-            elif arch in PERMUTED_ARCHS and ".k_proj." in name:
-                tensor = _unpermuted(tensor, num_kv_heads)
-            yield name, tensor
-            del tensor
             data.release(info)
 
 
-def _check_types(gguf: GgufFile) -> None:
+def _check_types(gguf: GgufFile, plan: GgufPlan) -> None:
+    used = {p.gguf_name for p in plan.tensors}
     for info in gguf.tensors:
-        if info.ggml_type not in QUANT_TYPES | FLOAT_TYPES and hf_tensor_name(info.name):
+        if info.name in used and info.ggml_type not in QUANT_TYPES | FLOAT_TYPES:
             raise ValueError(
                 f"{gguf.path}: tensor {info.name!r} is {type_name(info.ggml_type)}, which "
                 "radixlm's quantized kernels do not run (they run Q4_0, Q4_1, Q5_0, Q5_1, "
@@ -110,11 +130,21 @@ def _check_types(gguf: GgufFile) -> None:
                 "--quantization none runs the model dequantized")
 
 
+def gguf_config(gguf: GgufFile, plan: GgufPlan) -> dict[str, Any]:
+    """The transformers config kwargs, with the values of the plan's config tensors."""
+    infos = {t.name: t for t in gguf.tensors}
+    with GgufData(gguf.path) as data:
+        values = {name: _float32(data, infos[name]).numpy() for name in plan.config_tensors}
+    return complete_config(plan, values)
+
+
 def gguf_shapes(path: str) -> dict[str, tuple[int, ...]]:
     """Hugging Face name → shape of every tensor the model uses (no data read)."""
     gguf = read_gguf(path)
-    return {name: info.shape for info in gguf.tensors
-            if (name := hf_tensor_name(info.name)) is not None}
+    infos = {t.name: t for t in gguf.tensors}
+    return {p.hf_name: infos[p.gguf_name].shape[1:] if p.expert is not None
+            else infos[p.gguf_name].shape
+            for p in plan_gguf(gguf.metadata, gguf.tensors).tensors}
 
 
 def gguf_is_quantized(model_dir: str) -> bool:
@@ -181,26 +211,36 @@ def _remove_stale_temp_dirs(parent: str, max_age_s: float = 3600.0) -> None:
 
 
 def _write_hf_folder(gguf_path: str, out_dir: str) -> None:
-    config = _config(gguf_path)
+    gguf = read_gguf(gguf_path)
+    plan = plan_gguf(gguf.metadata, gguf.tensors)
+    config = _hf_config(gguf, plan)
     _write_tokenizer(gguf_path, out_dir, config.max_position_embeddings)
-    # NOTE: config.json last: its presence marks a complete folder.
-    write_config_and_link(gguf_path, out_dir, config)
+    _write_config_and_link(gguf, plan, config, out_dir)
 
 
-def _config(gguf_path: str) -> Any:
+def _hf_config(gguf: GgufFile, plan: GgufPlan) -> Any:
     from transformers import AutoConfig
 
-    model_type, kwargs = hf_config_kwargs(read_gguf(gguf_path))
-    config = AutoConfig.for_model(model_type, **kwargs)
+    config = AutoConfig.for_model(plan.model_type, **gguf_config(gguf, plan))
     config.dtype = torch.float32
     return config
 
 
-def write_config_and_link(gguf_path: str, out_dir: str, config: Any = None) -> None:
-    """config.json and the link to the file in out_dir: all that loading needs (the
-    tokenizer files are for serving)."""
-    os.symlink(os.path.realpath(gguf_path), os.path.join(out_dir, GGUF_LINK))
-    (config if config is not None else _config(gguf_path)).save_pretrained(out_dir)
+def write_config_and_link(gguf_path: str, out_dir: str) -> None:
+    """config.json, generation_config.json and the link to the file in out_dir: all that
+    loading needs (the tokenizer files are for serving)."""
+    gguf = read_gguf(gguf_path)
+    plan = plan_gguf(gguf.metadata, gguf.tensors)
+    _write_config_and_link(gguf, plan, _hf_config(gguf, plan), out_dir)
+
+
+def _write_config_and_link(gguf: GgufFile, plan: GgufPlan, config: Any, out_dir: str) -> None:
+    if plan.generation_config:
+        with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+            json.dump(plan.generation_config, f, indent=2)
+    os.symlink(os.path.realpath(gguf.path), os.path.join(out_dir, GGUF_LINK))
+    # NOTE: config.json last: its presence marks a complete folder.
+    config.save_pretrained(out_dir)
 
 
 def _write_tokenizer(gguf_path: str, out_dir: str, max_length: int) -> None:

@@ -84,7 +84,7 @@ def iterate_weights(model_dir: str, lazy: bool = False,
     `keep_quantized`, a GGUF file's block-quantized tensors as QuantTensors."""
     files, kind = _weight_files(model_dir)
     if kind == "gguf":
-        yield from iterate_gguf_weights(files[0], keep_quantized)
+        yield from iterate_gguf_weights(files[0], keep_quantized=keep_quantized)
         return
     for path in files:
         if kind == "safetensors":

@@ -90,12 +90,13 @@ def test_batched_variants(reference: list[list[int]], kwargs: dict) -> None:
 
 
 def _reduced_precisions() -> list[pytest.param]:
-    from radixlm.layers.cpu_gemm import bf16w_supported, cpu_has_native_bf16
+    from _kernels import requires_bf16w
+
+    from radixlm.layers.cpu_gemm import cpu_has_native_bf16
 
     return [
         pytest.param({"quantization": "bf16_weights"}, id="bf16_weights",
-                     marks=pytest.mark.skipif(not bf16w_supported(),
-                                              reason="no AVX2/FMA build of the kernels")),
+                     marks=requires_bf16w()),
         pytest.param({"dtype": "bfloat16"}, id="bfloat16",
                      marks=pytest.mark.skipif(not cpu_has_native_bf16(),
                                               reason="no native bfloat16 on this CPU")),

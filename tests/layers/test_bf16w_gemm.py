@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _kernels import requires_bf16w
 
-from radixlm.layers.cpu_gemm import bf16w_capable, bf16w_supported
+from radixlm.layers.cpu_gemm import bf16w_capable
 from radixlm.layers.prepared_weight import PairsWeight
 
-pytestmark = pytest.mark.skipif(not bf16w_supported(), reason="no AVX2/FMA build of the kernels")
+pytestmark = requires_bf16w()
 
 
 def test_linear_layers_and_the_lm_head_take_bf16_weights() -> None:

@@ -1,13 +1,19 @@
 """The CPU kernels against torch references: paged attention (cpu_paged backend vs
 torch_native, mixed batches of decodes, short and long extends with cached prefixes, GQA,
 float32 and bfloat16 pools), the W8A8 int8 linear (vs the same math in torch ops), and the
-fused silu_and_mul / add_rms_norm passes (vs torch's operators)."""
+fused silu_and_mul / add_rms_norm passes (vs torch's operators), each at every ISA level
+the CPU has (the isa_level fixture, tests/_kernels.py)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _kernels import KERNELS_MISSING, requires_kernels
 
 from radixlm.layers.attention import create_attention_backend
 from radixlm.layers.cpu_gemm import Int8Weight, int8_linear
@@ -15,7 +21,7 @@ from radixlm.layers.cpu_kernels import load_cpu_kernels
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model_executor.forward_batch import ForwardBatch
 
-pytestmark = pytest.mark.skipif(load_cpu_kernels() is None, reason="CPU kernels not built")
+pytestmark = requires_kernels()
 
 H, HKV = 6, 2
 
@@ -63,7 +69,8 @@ def _batch(pool: TokenToKVPool, rows: ReqToTokenPool, prefix_lens: list[int],
 )
 @pytest.mark.parametrize("head_dim", [16, 64, 128])
 def test_paged_backend_equals_torch_native(
-    dtype: torch.dtype, prefix_lens: list[int], extend_lens: list[int], head_dim: int
+    dtype: torch.dtype, prefix_lens: list[int], extend_lens: list[int], head_dim: int,
+    isa_level: str,
 ) -> None:
     torch.manual_seed(0)
     pool = TokenToKVPool(1024, 1, HKV, head_dim, dtype, "cpu")
@@ -86,7 +93,7 @@ def test_paged_backend_equals_torch_native(
 
 
 @pytest.mark.parametrize("num_rows", [1, 5, 33])
-def test_int8_linear_matches_reference(num_rows: int) -> None:
+def test_int8_linear_matches_reference(num_rows: int, isa_level: str) -> None:
     torch.manual_seed(0)
     weight = torch.randn(48, 64)
     weight[3] *= 20  # channels with very different ranges get their own scales
@@ -120,7 +127,7 @@ def test_a_stale_build_lock_is_removed_not_waited_on(tmp_path) -> None:  # type:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("num_rows", [1, 32, 300])  # 300 x 3072: past the serial threshold
-def test_silu_and_mul_matches_torch(dtype: torch.dtype, num_rows: int) -> None:
+def test_silu_and_mul_matches_torch(dtype: torch.dtype, num_rows: int, isa_level: str) -> None:
     torch.manual_seed(0)
     x = (torch.randn(num_rows, 2 * 1536) * 6).to(dtype)  # ±6 sigma: both tails of silu
     x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -88.5])  # the exp clamp and silu(0)
@@ -139,7 +146,7 @@ def test_silu_and_mul_matches_torch(dtype: torch.dtype, num_rows: int) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("num_rows", [1, 32, 600])
-def test_add_rms_norm_matches_torch(dtype: torch.dtype, num_rows: int) -> None:
+def test_add_rms_norm_matches_torch(dtype: torch.dtype, num_rows: int, isa_level: str) -> None:
     torch.manual_seed(0)
     x, residual = (torch.randn(num_rows, 576).to(dtype) for _ in range(2))
     weight = torch.randn(576).to(dtype)
@@ -193,7 +200,8 @@ def test_layers_take_the_fused_kernels_in_bfloat16_or_where_marked(
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32],
                          ids=["bf16", "fp16", "fp32-fused"])
 @pytest.mark.parametrize("num_tokens", [1, 7, 300])
-def test_rotary_embedding_matches_torch(dtype: torch.dtype, num_tokens: int) -> None:
+def test_rotary_embedding_matches_torch(dtype: torch.dtype, num_tokens: int,
+                                        isa_level: str) -> None:
     from radixlm.layers.rotary import apply_rotary
 
     torch.manual_seed(0)
@@ -220,7 +228,8 @@ def test_rotary_embedding_matches_torch(dtype: torch.dtype, num_tokens: int) -> 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("num_rows", [1, 2])
-def test_small_batch_linear_matches_torch(dtype: torch.dtype, num_rows: int) -> None:
+def test_small_batch_linear_matches_torch(dtype: torch.dtype, num_rows: int,
+                                          isa_level: str) -> None:
     from radixlm.layers.cpu_gemm import small_batch_linear
 
     torch.manual_seed(0)
@@ -267,7 +276,7 @@ def test_isa_levels_switch_and_name_what_the_cpu_has() -> None:
     """The kernels run at one ISA level at a time (csrc/isa.h): the highest the CPU has by
     default, any lower one the CPU has on request, never one it lacks."""
     if load_cpu_kernels() is None:
-        pytest.skip("CPU kernels are not built here")
+        pytest.skip(KERNELS_MISSING)
     ops = torch.ops.radixlm
     supported = list(ops.supported_isas())
     assert supported and ops.isa() in supported
@@ -276,7 +285,25 @@ def test_isa_levels_switch_and_name_what_the_cpu_has() -> None:
         for level in supported:
             ops.set_isa(level)
             assert ops.isa() == level
+            # the bf16 pairs kernel exists at avx512bf16 only, and says so below it
+            assert bool(ops.bf16_pairs_supported()) == (level == "avx512bf16")
+            if level in ("avx2", "avx512"):
+                packed = ops.pack_bf16_pairs(torch.zeros(16, 8, dtype=torch.bfloat16))
+                with pytest.raises(RuntimeError, match="needs AVX512_BF16"):
+                    ops.bf16_pairs_linear(torch.zeros(1, 8, dtype=torch.bfloat16), packed, None)
         with pytest.raises(RuntimeError, match="unknown ISA level"):
             ops.set_isa("sse9")
     finally:
         ops.set_isa(original)
+
+
+def test_radixlm_isa_caps_the_level_and_the_log_names_it() -> None:
+    """RADIXLM_ISA=avx2 runs an AVX-512 machine's kernels as an AVX2-only CPU would, and
+    the line that loads them names the level (a server's start-up log shows it)."""
+    if "avx2" not in torch.ops.radixlm.supported_isas():
+        pytest.skip("a native build (this CPU is not covered by the portable one)")
+    env = {**os.environ, "RADIXLM_ISA": "avx2"}
+    out = subprocess.run([sys.executable, "-m", "radixlm.layers.cpu_kernels"], env=env,
+                         capture_output=True, text=True, timeout=600, check=True)
+    assert "CPU kernels: ISA level avx2 of " in out.stderr + out.stdout
+    assert "(ISA level avx2)" in out.stdout

@@ -7,21 +7,25 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _kernels import KERNELS_MISSING, bf16w_skip_reason
 
-from radixlm.layers.cpu_gemm import bf16w_supported, pack_pairs, pairs_capable, pairs_linear
+from radixlm.layers.cpu_gemm import pack_pairs, pairs_capable, pairs_linear
+from radixlm.layers.cpu_kernels import load_cpu_kernels
 
 
 @pytest.mark.parametrize(("x_dtype", "tolerance"), [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)],
                          ids=["bf16", "bf16w"])
 @pytest.mark.parametrize("num_cols", [16, 32, 48, 80, 96])  # 1, 2, 3, 5, 6 groups of 16
 def test_pairs_linear_matches_float64(x_dtype: torch.dtype, tolerance: float,
-                                      num_cols: int) -> None:
+                                      num_cols: int, isa_level: str) -> None:
     torch.manual_seed(0)
     weight = (torch.randn(num_cols, 96) * 0.1).to(torch.bfloat16)
+    if load_cpu_kernels() is None:
+        pytest.skip(KERNELS_MISSING)
     if x_dtype == torch.bfloat16 and not pairs_capable(weight):
-        pytest.skip("no AVX512_BF16 on this CPU")
-    if x_dtype == torch.float32 and not bf16w_supported():
-        pytest.skip("no AVX2/FMA build of the kernels")
+        pytest.skip(f"no AVX512_BF16 at ISA level {isa_level}")
+    if x_dtype == torch.float32 and (reason := bf16w_skip_reason()) is not None:
+        pytest.skip(reason)
     packed = pack_pairs(weight)
     bias = torch.randn(num_cols).to(x_dtype)
     x_all = torch.randn(100, 160).to(x_dtype)[:, 32:128]  # strided rows

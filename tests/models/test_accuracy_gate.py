@@ -30,6 +30,7 @@ import os
 import pytest
 import torch
 from _forward_harness import PoolRunner
+from _kernels import requires_bf16w
 
 from radixlm.layers.cpu_gemm import bf16w_supported, cpu_has_native_bf16
 from radixlm.layers.cpu_kernels import load_cpu_kernels
@@ -110,7 +111,7 @@ def test_bfloat16_passes_gate(model_dir: str, fp32_logits: torch.Tensor) -> None
     assert top1 >= MIN_AGREEMENT and kl < KL_BOUND, (top1, kl)
 
 
-@pytest.mark.skipif(not bf16w_supported(), reason="the kernels have no AVX2/FMA build")
+@requires_bf16w()
 def test_bf16_weights_pass_gate(model_dir: str, fp32_logits: torch.Tensor) -> None:
     """float32 arithmetic over weights rounded to bfloat16 (--quantization bf16_weights):
     what "auto" runs on CPUs without native bfloat16."""

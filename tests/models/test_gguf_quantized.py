@@ -147,6 +147,7 @@ def test_unsupported_types_and_bad_splits_are_refused(tmp_path) -> None:  # type
                        ("attention.head_count", 1), ("context_length", 64)):
         writer.add_uint32(f"llama.{key}", value)
     writer.add_uint32("llama.vocab_size", 16)
+    writer.add_tensor("token_embd.weight", np.zeros((16, 32), np.float32))
     writer.add_tensor("blk.0.ffn_up.weight", np.zeros((32, 18), np.uint8),
                       raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
     writer.write_header_to_file()
