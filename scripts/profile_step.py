@@ -3,6 +3,7 @@
     .venv/bin/python scripts/profile_step.py [--batch 32] [--seq-len 400] [--steps 10]
         [--configs fp32:torch_native fp32:cpu_paged bf16:cpu_paged int8:cpu_paged] [--profile]
     .venv/bin/python scripts/profile_step.py --prefill 2000 [--chunk 512] ...
+    .venv/bin/python scripts/profile_step.py --model-path DIR_OR_GGUF ...  (default: the default model)
 
 Each config is `precision:backend[:loop]` (precision fp32, bf16, bf16w = float32 over bf16 weights, int8 = W8A8 over
 float32 activations, int8bf16 = W8A8 over bfloat16, gguf = a GGUF file's block formats
@@ -148,7 +149,8 @@ def main() -> None:
     p.add_argument("--prefill", type=int, default=0, metavar="N",
                    help="time one N-token prompt's prefill instead of decode steps")
     p.add_argument("--chunk", type=int, default=512)
-    p.add_argument("--model-path", default=None, help="a GGUF file or HF folder (default model)")
+    p.add_argument("--model-path", default=None,
+                   help="an HF folder or GGUF file (default: the default model)")
     args = p.parse_args()
     torch.set_grad_enabled(False)
     print(f"threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
