@@ -121,7 +121,7 @@ def gate_tokens() -> list[int]:
     sys.path.insert(0, os.path.join(HERE, ".."))
     from transformers import AutoTokenizer
 
-    from radixlm.model_loader.default_model import resolve_model_dir
+    from radixlm.model_loader.model_path import resolve_model_dir
 
     with open(os.path.join(HERE, "..", "tests", "models", "data", "gate_text.txt")) as f:
         text = f.read()
@@ -141,7 +141,7 @@ def main() -> None:
                                 ids=np.asarray(TOKENS), logits=llama_logits(path, TOKENS))
             print(path, os.path.getsize(path))
     sys.path.insert(0, os.path.join(HERE, ".."))
-    from radixlm.model_loader.default_model import default_model_path
+    from radixlm.default_model import default_model_path
 
     ids = gate_tokens()
     logits = llama_logits(default_model_path(), ids).astype(np.float64)

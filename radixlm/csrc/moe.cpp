@@ -3,7 +3,7 @@
 //
 // Routing is transformers': softmax of the router's logits in float32, the top k
 // experts of each row, their weights renormalized to sum to 1 when
-// norm_topk_prob, then cast to x's dtype. The rows are grouped by expert: each
+// norm_topk_prob, then cast to x's dtype (in a plain loop: route below). The rows are grouped by expert: each
 // selected expert runs once, over all the rows routed to it (one matmul of many
 // rows per weight, through prepared_linear whatever the weight's format), and an
 // expert no row selected is never read, so a one-token decode step reads k
@@ -14,8 +14,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/softmax.h>
-#include <ATen/ops/topk.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/record_function.h>
 #include <torch/library.h>
@@ -23,8 +21,10 @@
 #include "layer_ops.h"
 #include "prepared_linear.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
-#include <tuple>
+#include <numeric>
 #include <vector>
 
 namespace radixlm::layer_ops {
@@ -37,15 +37,61 @@ at::Tensor int64_tensor(const std::vector<int64_t>& values) {
   return t;
 }
 
-// (weights [T, k] in x's dtype, expert ids [T, k] int64): SparseMoeBlock.route.
-std::tuple<at::Tensor, at::Tensor> route(const at::Tensor& logits, int64_t top_k,
-                                         bool norm_topk_prob, at::ScalarType dtype) {
-  const at::Tensor probs = at::softmax(logits, -1, at::kFloat);  // [T, E]
-  auto [weights, experts] = at::topk(probs, top_k, -1);          // [T, k] each
-  if (norm_topk_prob) {
-    weights = weights / weights.sum(-1, true);
+// w as the nearest value of dtype (bf16, half or float32), back in float32.
+float round_to(float w, at::ScalarType dtype) {
+  if (dtype == at::kBFloat16) {
+    return static_cast<float>(c10::BFloat16(w));
   }
-  return {weights.to(dtype), experts.contiguous()};
+  if (dtype == at::kHalf) {
+    return static_cast<float>(c10::Half(w));
+  }
+  return w;
+}
+
+// SparseMoeBlock.route in one single-threaded pass over the [T, E] logits: per row,
+// softmax in float32, the top k (the larger probability first, the lower expert
+// on a tie), renormalized to sum to 1 when norm_topk_prob, each weight rounded to
+// x's dtype as the Python route casts it. weights and experts: [T * k]. (ATen's
+// softmax, topk, sum and casts were five operator calls a layer, each an OpenMP
+// region on a few hundred numbers: on a busy 2-core machine ~5% of a 16-row step.)
+void route(const at::Tensor& logits, int64_t top_k, bool norm_topk_prob, at::ScalarType dtype,
+           std::vector<float>& weights, std::vector<int64_t>& experts) {
+  const at::Tensor l = logits.to(at::kFloat).contiguous();
+  const int64_t rows = l.size(0), num_experts = l.size(1);
+  const float* src = l.data_ptr<float>();
+  weights.resize(rows * top_k);
+  experts.resize(rows * top_k);
+  std::vector<float> probs(num_experts);
+  std::vector<int64_t> order(num_experts);
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* row = src + t * num_experts;
+    const float max = *std::max_element(row, row + num_experts);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < num_experts; ++e) {
+      probs[e] = std::exp(row[e] - max);
+      sum += probs[e];
+    }
+    for (float& p : probs) {  // a NaN row (a broken model) orders without UB: NaN out
+      p = std::isnan(p) ? -1.0f : p;
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                      [&](int64_t a, int64_t b) {
+                        return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+                      });
+    float picked = 0.0f;
+    for (int64_t j = 0; j < top_k; ++j) {
+      picked += probs[order[j]] / sum;
+    }
+    for (int64_t j = 0; j < top_k; ++j) {
+      float w = probs[order[j]] / sum;
+      if (norm_topk_prob) {
+        w /= picked;
+      }
+      weights[t * top_k + j] = round_to(w, dtype);
+      experts[t * top_k + j] = order[j];
+    }
+  }
 }
 
 // sum[rows[i]] += weights[picks[i]] * y[i] for the n rows of one expert, in float32.
@@ -81,16 +127,15 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& logits, int64_t to
                   static_cast<int64_t>(down_kinds.size()) == num_experts,
               "moe_experts: a gate_up and a down weight, each with its kind, per expert");
   TORCH_CHECK(top_k >= 1 && top_k <= num_experts, "moe_experts: 1 <= top_k <= E");
-  const auto [weights, experts] = route(logits, top_k, norm_topk_prob, x.scalar_type());
+  std::vector<float> weights;
+  std::vector<int64_t> ids;
+  route(logits, top_k, norm_topk_prob, x.scalar_type(), weights, ids);
   // Per expert, the rows routed to it (ascending) and their (row, slot) in weights.
   std::vector<std::vector<int64_t>> rows(num_experts), picks(num_experts);
-  const int64_t* ids = experts.data_ptr<int64_t>();
-  for (int64_t i = 0; i < experts.numel(); ++i) {
-    TORCH_CHECK(ids[i] >= 0 && ids[i] < num_experts, "moe_experts: an expert id out of range");
-    rows[ids[i]].push_back(i / top_k);
-    picks[ids[i]].push_back(i);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    rows[ids[i]].push_back(static_cast<int64_t>(i) / top_k);
+    picks[ids[i]].push_back(static_cast<int64_t>(i));
   }
-  const at::Tensor flat_weights = weights.to(at::kFloat).contiguous();  // [T, k]
   at::Tensor sum = at::zeros({x.size(0), x.size(1)}, x.options().dtype(at::kFloat));
   for (int64_t e = 0; e < num_experts; ++e) {
     if (rows[e].empty()) {
@@ -101,7 +146,7 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& logits, int64_t to
                                           gate_up_kinds[e]);
     const at::Tensor y = prepared_linear(gated_act(gu, act, fused), down[e], c10::nullopt,
                                          down_kinds[e]);  // [n, hidden]
-    accumulate(sum, y.contiguous(), flat_weights.data_ptr<float>(), rows[e], picks[e]);
+    accumulate(sum, y.contiguous(), weights.data(), rows[e], picks[e]);
   }
   return sum.to(x.scalar_type());
 }

@@ -19,9 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.layers.linear import default_weight_loader
-from radixlm.layers.prepared_weight import PreparedWeight, prepare_weight
+from radixlm.layers.prepared_weight import PreparedWeight, QuantWeight, prepare_weight
 from radixlm.layers.quant.quant_tensor import QuantTensor
-from radixlm.layers.quant.quant_weight import QuantWeight
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -27,8 +27,10 @@ from test_gguf_arch import CASES  # noqa: E402
 
 from radixlm.layers.cpu_kernels import load_cpu_kernels  # noqa: E402
 from radixlm.layers.linear import _LinearBase  # noqa: E402
-from radixlm.layers.prepared_weight import prepare_model  # noqa: E402
-from radixlm.layers.quant.quant_weight import QuantWeight  # noqa: E402
+from radixlm.layers.prepared_weight import (
+    QuantWeight,  # noqa: E402
+    prepare_model,  # noqa: E402
+)
 from radixlm.layers.vocab_embedding import VocabParallelEmbedding  # noqa: E402
 from radixlm.model_loader.gguf_convert import write_config_and_link  # noqa: E402
 from radixlm.model_loader.loader import load_model  # noqa: E402

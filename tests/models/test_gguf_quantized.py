@@ -22,9 +22,8 @@ import torch
 from _forward_harness import PoolRunner
 
 from radixlm.layers.cpu_kernels import load_cpu_kernels
-from radixlm.layers.prepared_weight import prepare_model
+from radixlm.layers.prepared_weight import QuantWeight, prepare_model
 from radixlm.layers.quant.quant_tensor import QuantTensor
-from radixlm.layers.quant.quant_weight import QuantWeight
 from radixlm.model_loader.gguf_convert import write_config_and_link
 from radixlm.model_loader.loader import load_model
 from radixlm.models import layer_stack
@@ -87,7 +86,7 @@ def test_default_model_matches_llama_cpp() -> None:
     the same tokens in one batch and one at a time, agrees on 96.9% of the top-1 tokens
     with a KL of 0.0032 (float32 over the same dequantized weights against llama.cpp:
     96.1%). radixlm measured 95-97% and KL 0.002-0.0035: within that noise."""
-    from radixlm.model_loader.default_model import resolve_model_dir
+    from radixlm.model_loader.model_path import resolve_model_dir
 
     ref = np.load(os.path.join(DATA, "smollm2-q4_1.llamacpp.npz"))
     model, config = _load(resolve_model_dir(None))

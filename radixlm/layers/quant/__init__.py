@@ -2,6 +2,7 @@
 
 - quant_tensor.py: `QuantTensor`, a checkpoint tensor still in its GGUF block
   format, which the layers' weight loaders narrow (tensor parallelism) and keep.
-- quant_weight.py: `QuantWeight`, the `PreparedWeight` of a linear layer, LM head
-  or embedding table repacked for the kernels (csrc/quant/).
+- `QuantWeight` (layers/prepared_weight.py, beside the other `PreparedWeight`
+  formats): a linear layer's, LM head's or embedding table's blocks repacked for the
+  kernels (csrc/quant/).
 """
