@@ -40,9 +40,13 @@ class ServerArgs:
                              "per output channel at load, activations per token) | "
                              "bf16_weights (float32 arithmetic over weights rounded to "
                              "bfloat16: half the bytes, for CPUs without bfloat16 "
-                             "arithmetic) | auto (CPU without native bfloat16: "
-                             "bf16_weights; else none).",
-                             choices=["auto", "none", "w8a8_int8", "bf16_weights"])
+                             "arithmetic) | gguf (a GGUF file's block formats as they are, "
+                             "int8 dot products: docs/quantization.md) | q8_0 | q4_0 | q4_k "
+                             "(a float checkpoint quantized at load into that GGUF format) | "
+                             "auto (CPU: gguf for a GGUF file, else bf16_weights without "
+                             "native bfloat16, else none).",
+                             choices=["auto", "none", "w8a8_int8", "bf16_weights", "gguf",
+                                      "q8_0", "q4_0", "q4_k"])
     device: str = _opt("cpu", "cpu | cuda.", choices=["cpu", "cuda"])
     chat_template: str | None = _opt(None, "Built-in template name or a .jinja file.")
     is_embedding: bool = _opt(False, "Serve a causal LM (Llama, Mistral, Qwen2) for embeddings "

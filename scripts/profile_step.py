@@ -6,7 +6,9 @@
     .venv/bin/python scripts/profile_step.py --model-path DIR_OR_GGUF ...  (default: the default model)
 
 Each config is `precision:backend[:loop]` (precision fp32, bf16, bf16w = float32 over bf16 weights, int8 = W8A8 over
-float32 activations, int8bf16 = W8A8 over bfloat16; `:loop` runs the decoder
+float32 activations, int8bf16 = W8A8 over bfloat16, gguf = a GGUF file's block formats
+over float32 activations (gguf16: over bfloat16), q8_0 / q4_0 / q4_k = float weights
+quantized at load; `--model-path` another model than the default; `:loop` runs the decoder
 layers in the Python loop instead of the C++ layer stack, models/layer_stack.py).
 The requests start with `--seq-len` tokens of random K/V in the pool, then decode
 `--steps` steps; the configs run in turn, `--rounds` times, so their ratios are
@@ -43,12 +45,17 @@ PRECISIONS = {
     "bf16w": (torch.float32, "bf16_weights"),
     "int8": (torch.float32, "w8a8_int8"),
     "int8bf16": (torch.bfloat16, "w8a8_int8"),
+    "gguf": (torch.float32, "gguf"),
+    "gguf16": (torch.bfloat16, "gguf"),
+    "q8_0": (torch.float32, "q8_0"),
+    "q4_0": (torch.float32, "q4_0"),
+    "q4_k": (torch.float32, "q4_k"),
 }
 CATEGORIES = [
     ("attention", ("paged_attention", "index_select", "scaled_dot_product", "flash_attention",
                    "index_put", "_softmax", "bmm")),
     ("linear layers", ("_linear_pointwise", "_int_mm", "int8_linear", "quantize", "linear",
-                       "pairs_linear", "bf16w_linear")),
+                       "pairs_linear", "bf16w_linear", "q_linear")),
 ]
 
 
@@ -57,7 +64,7 @@ def build(config: str, batch: int, seq_len: int, steps: int,
     precision, backend, *loop = config.split(":")
     dtype, quantization = PRECISIONS[precision]
     model_dir = resolve_model_dir(model_path)
-    model, cfg = load_model(model_dir, dtype, "cpu")
+    model, cfg = load_model(model_dir, dtype, "cpu", keep_quantized=quantization == "gguf")
     if quantization == "w8a8_int8":
         smooth_for_int8(model, cfg, model_dir)
     prepare_model(model, quantization)

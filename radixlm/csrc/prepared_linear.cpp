@@ -10,13 +10,17 @@
 #include <string>
 #include <vector>
 
-// The kernels (bf16_gemm.cpp, bf16w_gemm.cpp).
+// The kernels (bf16_gemm.cpp, bf16w_gemm.cpp; quant/quant_linear.cpp below).
 at::Tensor bf16_pairs_linear(const at::Tensor& x, const at::Tensor& packed,
                              const c10::optional<at::Tensor>& bias);
 at::Tensor bf16w_linear(const at::Tensor& x, const at::Tensor& packed,
                         const c10::optional<at::Tensor>& bias);
 
 namespace radixlm {
+namespace quant {
+at::Tensor q_linear(const at::Tensor& x, const at::Tensor& blob,
+                    const c10::optional<at::Tensor>& bias, bool out_float32);  // quant_linear.cpp
+}  // namespace quant
 
 at::Tensor prepared_linear(const at::Tensor& x, const at::Tensor& w,
                            const c10::optional<at::Tensor>& bias, int64_t kind) {
@@ -27,6 +31,10 @@ at::Tensor prepared_linear(const at::Tensor& x, const at::Tensor& w,
   if (kind == kPreparedPairs) {
     RECORD_FUNCTION("radixlm::bf16_pairs_linear", std::vector<c10::IValue>());
     return bf16_pairs_linear(x, w, bias);
+  }
+  if (kind == kPreparedQuant) {
+    RECORD_FUNCTION("radixlm::q_linear", std::vector<c10::IValue>());
+    return quant::q_linear(x, w, bias, false);
   }
   TORCH_CHECK(kind == kPreparedOneDnn, "prepared_linear: unknown weight kind ", kind);
   static const c10::OperatorHandle op =

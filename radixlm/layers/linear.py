@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.layers.prepared_weight import PreparedWeight, prepare_weight
+from radixlm.layers.prepared_weight import PreparedWeight, QuantWeight, prepare_weight
+from radixlm.layers.quant.quant_tensor import QuantTensor
 
 WeightLoader = Callable[..., None]
 
@@ -91,9 +92,26 @@ class _LinearBase(nn.Module):
 
         # After prepare_weights(): the weight in its kernel's layout (prepared_weight.py).
         self.prepared: PreparedWeight | None = None
+        # GGUF block-quantized parts of the weight kept as loaded, by first row
+        # (quant/quant_tensor.py); prepare_weights packs them into one QuantWeight.
+        self._quant_parts: dict[int, QuantTensor] = {}
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, *args: Any) -> None:
         raise NotImplementedError
+
+    def _load_rows(self, param: nn.Parameter, offset: int, src: Any) -> None:
+        """Rows [offset, offset + len(src)) of the weight (or the whole bias) from src: a
+        tensor is copied in; a block-quantized one is kept as it is for prepare_weights."""
+        if not isinstance(src, QuantTensor):
+            default_weight_loader(param.narrow(0, offset, src.shape[0]), src)
+            return
+        if param is not self.weight or tuple(src.shape) != (src.shape[0], param.shape[1]):
+            raise ValueError(f"{src.name}: a quantized {list(src.shape)} tensor for a "
+                             f"{list(param.shape)} parameter")
+        self._quant_parts[offset] = src
+        if sum(p.shape[0] for p in self._quant_parts.values()) == self.output_size_per_partition:
+            # every part is here: pack now, so the file's pages can be let go of (loader.py)
+            self.prepared = self._pack_quant_parts()
 
     def prepare_weights(self, quantization: str, keep_plain: bool = False) -> str:
         """After loading: put the weight in its kernel's layout (prepared_weight.prepare_weight:
@@ -103,11 +121,23 @@ class _LinearBase(nn.Module):
 
         NOTE: the dense weight is released, so weights cannot be reloaded afterwards.
         """
+        if self.prepared is None and self._quant_parts:
+            self.prepared = self._pack_quant_parts()
         if self.prepared is None:
             self.prepared = prepare_weight(self.weight, quantization, keep_plain)
         if self.prepared.category != "dense":
             self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.weight.device)
         return self.prepared.category
+
+    def _pack_quant_parts(self) -> PreparedWeight:
+        offsets = sorted(self._quant_parts)
+        parts = [self._quant_parts[o] for o in offsets]
+        ends = [o + p.shape[0] for o, p in zip(offsets, parts)]
+        if offsets[0] != 0 or ends[-1] != self.output_size_per_partition or offsets[1:] != ends[:-1]:
+            raise ValueError(f"quantized parts cover rows {list(zip(offsets, ends))} of "
+                             f"{self.output_size_per_partition}")
+        self._quant_parts = {}
+        return QuantWeight.from_parts(parts)
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.prepared is not None:
@@ -136,7 +166,7 @@ class ColumnParallelLinear(_LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, *args: Any) -> None:
         size = self.output_size_per_partition
-        default_weight_loader(param, loaded_weight.narrow(0, self.tp_rank * size, size))
+        self._load_rows(param, 0, loaded_weight.narrow(0, self.tp_rank * size, size))
 
 
 class MergedColumnParallelLinear(_LinearBase):
@@ -163,7 +193,7 @@ class MergedColumnParallelLinear(_LinearBase):
         size = self.output_sizes[shard_id]
         offset = sum(self.output_sizes[:shard_id])
         src = loaded_weight.narrow(0, self.tp_rank * size, size)
-        default_weight_loader(param.narrow(0, offset, size), src)
+        self._load_rows(param, offset, src)
 
     def load_fused_weight(self, param: nn.Parameter, loaded_weight: Any) -> None:
         """A checkpoint that stores the projections fused (Phi-3's gate_up_proj): the
@@ -231,7 +261,7 @@ class QKVParallelLinear(_LinearBase):
         else:
             raise ValueError(f"unknown qkv shard {shard_id!r}")
         src = loaded_weight.narrow(0, src_rank * size, size)
-        default_weight_loader(param.narrow(0, offset, size), src)
+        self._load_rows(param, offset, src)
 
 
 class RowParallelLinear(_LinearBase):
@@ -257,7 +287,7 @@ class RowParallelLinear(_LinearBase):
             default_weight_loader(param, loaded_weight)
             return
         size = self.input_size_per_partition
-        default_weight_loader(param, loaded_weight.narrow(1, self.tp_rank * size, size))
+        self._load_rows(param, 0, loaded_weight.narrow(1, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:

@@ -15,7 +15,10 @@ Formats (see cpu_gemm.py for the kernels and their measurements):
 - `OneDnnWeight`: oneDNN-packed float32/bfloat16, with the plain copy that the
   small-batch kernel streams for 1-2 rows where kept.
 - `Int8PreparedWeight`: W8A8 (per-channel int8 weights, per-token activations).
-- Quantized GGUF block formats: layers/quant (one class there).
+- `QuantWeight`: GGUF block formats (Q4_0 .. Q8_0, Q2_K .. Q6_K), repacked once for
+  csrc/quant's int8 dot-product kernels; the same packed table serves a tied
+  embedding lookup (`embed`) and the LM head. The checkpoint side, a tensor still in
+  its block format, is layers/quant/quant_tensor.py.
 
 `prepare_weight` picks one for a float weight and a `--quantization` mode;
 `prepare_model` prepares every layer of a loaded model.
@@ -46,13 +49,22 @@ from radixlm.layers.cpu_gemm import (
     small_batch_linear,
     wants_plain_copy,
 )
+from radixlm.layers.cpu_kernels import load_cpu_kernels
+from radixlm.layers.quant.quant_tensor import QUANT_TYPES, QuantTensor, type_name
 
 logger = logging.getLogger(__name__)
 
 # How csrc/prepared_linear.cpp runs a weight (PreparedWeight.cpp_kind).
 CPP_PAIRS, CPP_ONEDNN, CPP_QUANT = 0, 1, 2
 
-QUANTIZATIONS = ("none", "w8a8_int8", "bf16_weights")
+# "gguf": a GGUF file's block formats as they are (layers loaded them quantized; its
+# float tensors are prepared as for "none"); "q8_0" | "q4_0" | "q4_k": float weights
+# quantized at load into those formats (the LM head into Q8_0, as llama.cpp keeps it
+# at 6-8 bits).
+QUANTIZATIONS = ("none", "w8a8_int8", "bf16_weights", "gguf", "q8_0", "q4_0", "q4_k")
+BLOCK_QUANTIZATIONS = {"q8_0": 8, "q4_0": 2, "q4_k": 12}  # → GGML type
+# Modes whose float32 norms, rotary and SiLU take the fused kernels (not the exact mode).
+FUSED_FLOAT32_MODES = ("bf16_weights", "gguf", *BLOCK_QUANTIZATIONS)
 
 
 class PreparedWeight(ABC):
@@ -179,13 +191,99 @@ class Int8PreparedWeight(PreparedWeight):
         return _unflat(int8_linear(x2, self.int8, bias), lead)  # [..., N]
 
 
+# `QuantWeight`: the C++ side (csrc/quant/) repacks GGUF rows into groups of 16 output
+# columns whose levels sit as the CPU's integer dot products want them
+# (csrc/quant/quant_layout.h), and multiplies by them with the input rows quantized to
+# int8 per block as llama.cpp does (Q8_0 for Q4_0..Q8_0, Q8_K for the K-quants): one
+# pass over the weight for every tile of rows, on the ISA level the CPU has (csrc/isa.h).
+# A packed weight may hold several segments in different formats (a fused q/k/v whose v
+# is Q6_K while q and k are Q4_K).
+class QuantWeight(PreparedWeight):
+    """A packed quantized weight [out_features, in_features]; `logits`: outputs in
+    float32 whatever the input dtype (an LM head)."""
+
+    category = "quantized"
+    cpp_kind = CPP_QUANT
+    kernel = "q_linear (int8 dot products)"
+
+    def __init__(self, blob: torch.Tensor, types: list[int], out_features: int,
+                 in_features: int, logits: bool = False) -> None:
+        super().__init__(out_features, in_features)
+        self.blob, self.types, self.logits = blob, types, logits
+        names = sorted({type_name(t) for t in types})
+        self.format = "+".join(names)
+
+    @classmethod
+    def from_parts(cls, parts: list[QuantTensor], name: str = "") -> QuantWeight:
+        """Stack `parts` (each [n_i, K], the same K) along the output features."""
+        k = parts[0].shape[-1]
+        for part in parts:
+            if part.ggml_type not in QUANT_TYPES:
+                raise ValueError(f"{part.name or name}: GGML type {part.type_name} is not "
+                                 "supported (radixlm runs Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, "
+                                 "Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16 and F32)")
+            if part.dim() != 2 or part.shape[-1] != k:
+                raise ValueError(f"{name}: parts {[list(p.shape) for p in parts]} do not stack")
+        if load_cpu_kernels() is None:
+            raise RuntimeError("quantized weights need radixlm's CPU kernels, which are not "
+                               "built here (python -m radixlm.layers.cpu_kernels)")
+        types = [p.ggml_type for p in parts]
+        blob = torch.ops.radixlm.q_pack([p.rows_2d() for p in parts], types, k)
+        return cls(blob, types, sum(p.shape[0] for p in parts), k)
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, ggml_type: int) -> QuantWeight:
+        """A float weight [N, K] quantized to `ggml_type` (Q8_0, Q4_0 or Q4_K) as llama.cpp's
+        reference quantizers do (csrc/quant/quantize.cpp)."""
+        load_cpu_kernels()
+        raw = torch.ops.radixlm.q_quantize(weight.detach().float().contiguous(), ggml_type)
+        return cls.from_parts([QuantTensor(raw, ggml_type, tuple(weight.shape))])
+
+    def as_logits(self) -> QuantWeight:
+        """The same packed weight, computing float32 outputs (an LM head)."""
+        return QuantWeight(self.blob, self.types, self.out_features, self.in_features, True)
+
+    def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.dtype not in (torch.float32, torch.bfloat16):
+            x2 = x2.float()
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        out = torch.ops.radixlm.q_linear(x2, self.blob, bias, self.logits)  # [M, N]
+        if not self.logits and out.dtype != x.dtype:
+            out = out.to(x.dtype)
+        return out.reshape(*lead, out.shape[-1])
+
+    @property
+    def cpp_tensor(self) -> torch.Tensor:
+        return self.blob
+
+    def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `ids` [T] of the weight (an embedding table) → [T, in_features] in dtype."""
+        out = torch.ops.radixlm.q_embedding(self.blob, ids, dtype == torch.bfloat16)
+        return out if out.dtype == dtype else out.to(dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The whole weight [out_features, in_features] (tests, CUDA)."""
+        return torch.ops.radixlm.q_dequantize(self.blob).to(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.blob.numel()
+
+
 def prepare_weight(weight: torch.Tensor, quantization: str, keep_plain: bool = False,
                    smoothing: torch.Tensor | None = None,
-                   transposed_dense: bool = False) -> PreparedWeight:
-    """The fastest form of a float weight [N, K] for `quantization`: int8 ("w8a8_int8",
-    with SmoothQuant's `smoothing`), bf16 pairs (bf16_weights over float32, or bf16 where
-    the CPU has bf16 dot products), oneDNN-packed (with the plain copy for 1-2 rows
-    where `keep_plain`), else the weight as it is (`transposed_dense`: a [K, N] copy)."""
+                   lm_head: bool = False) -> PreparedWeight:
+    """The fastest form of a float weight [N, K] for `quantization`: a GGUF block format
+    ("q8_0", "q4_0", "q4_k"; an LM head Q8_0), int8 ("w8a8_int8", with SmoothQuant's
+    `smoothing`), bf16 pairs (bf16_weights over float32, or bf16 where the CPU has bf16
+    dot products), oneDNN-packed (with the plain copy for 1-2 rows where `keep_plain`),
+    else the weight as it is (an LM head: a [K, N] copy)."""
+    quantized = _block_quantized(weight, quantization, lm_head)
+    if quantized is not None:
+        return quantized
     if quantization == "w8a8_int8":
         return Int8PreparedWeight(weight, smoothing)
     if quantization == "bf16_weights" and bf16w_capable(weight):
@@ -195,7 +293,23 @@ def prepare_weight(weight: torch.Tensor, quantization: str, keep_plain: bool = F
     if can_pack(weight):
         plain = weight.detach().contiguous() if keep_plain and wants_plain_copy(weight) else None
         return OneDnnWeight(weight, plain)
-    return DenseWeight(weight, transposed=transposed_dense and weight.device.type == "cpu")
+    return DenseWeight(weight, transposed=lm_head and weight.device.type == "cpu")
+
+
+def _block_quantized(weight: torch.Tensor, quantization: str,
+                     lm_head: bool) -> PreparedWeight | None:
+    """`weight` quantized for --quantization q8_0 | q4_0 | q4_k where its K allows (Q4_K
+    needs K % 256 == 0, else Q8_0; the LM head takes Q8_0); None otherwise."""
+    ggml_type = BLOCK_QUANTIZATIONS.get(quantization)
+    if ggml_type is None or weight.device.type != "cpu" or load_cpu_kernels() is None:
+        return None
+    k = weight.shape[1]
+    if lm_head or (ggml_type == 12 and k % 256):
+        ggml_type = 8
+    if k % 32:
+        return None
+    quant = QuantWeight.quantize(weight, ggml_type)
+    return quant.as_logits() if lm_head else quant
 
 
 def prepare_model(model: nn.Module, quantization: str = "none") -> tuple[int, int]:
@@ -204,8 +318,8 @@ def prepare_model(model: nn.Module, quantization: str = "none") -> tuple[int, in
     `small_batch_linear` (see cpu_gemm.py). Logs the format and kernel of each kind of
     layer.
 
-    Returns (number of weights quantized to int8, number packed, for oneDNN or the
-    bf16 pairs kernel).
+    Returns (number of weights quantized to int8 or a block format, number packed, for
+    oneDNN or the bf16 pairs kernel).
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; choose from {QUANTIZATIONS}")
@@ -224,16 +338,18 @@ def prepare_model(model: nn.Module, quantization: str = "none") -> tuple[int, in
         logger.info("Small-batch kernel off: plain copies would take %.1f GB (at most %.1f)",
                     plain_bytes / 2**30, MAX_PLAIN_COPY_BYTES / 2**30)
     counts = {"int8": 0, "packed": 0, "dense": 0, "quantized": 0}
+    float_mode = "none" if quantization == "gguf" else quantization
     for module in modules:
-        counts[module.prepare_weights(quantization, keep_plain)] += 1
-    # bf16_weights is not the exact mode: its float32 norms, rotary and SiLU may take
+        counts[module.prepare_weights(float_mode, keep_plain)] += 1
+    # bf16_weights and the block formats are not the exact mode: their float32 norms,
+    # rotary and SiLU may take
     # the fused kernels (cpu_kernels.use_fused_cpu_kernel) instead of torch's ~15
     # operators a layer, a third of a one-request step.
     for module in model.modules():
         if hasattr(module, "fuse_float32"):
-            setattr(module, "fuse_float32", quantization == "bf16_weights")  # noqa: B010
+            setattr(module, "fuse_float32", quantization in FUSED_FLOAT32_MODES)  # noqa: B010
     log_weight_formats(model)
-    return counts["int8"], counts["packed"]
+    return counts["int8"] + counts["quantized"], counts["packed"]
 
 
 def log_weight_formats(model: nn.Module) -> None:
@@ -241,9 +357,12 @@ def log_weight_formats(model: nn.Module) -> None:
     format and kernel its weights run in, and how many layers."""
     kinds: Counter[tuple[str, str]] = Counter()
     for name, module in model.named_modules():
+        kind = ".".join(p for p in name.split(".") if not p.isdigit())
         prepared = getattr(module, "prepared", None)
         if isinstance(prepared, PreparedWeight):
-            kind = ".".join(p for p in name.split(".") if not p.isdigit())
             kinds[(kind, prepared.describe())] += 1
+        table = getattr(module, "quant", None)  # a quantized embedding table
+        if isinstance(table, PreparedWeight):
+            kinds[(kind, f"{table.format} (q_embedding lookup)")] += 1
     for (kind, described), num in sorted(kinds.items()):
         logger.info("Weights %s: %s x %d", kind, described, num)

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.layers.linear import default_weight_loader
-from radixlm.layers.prepared_weight import PreparedWeight, prepare_weight
+from radixlm.layers.prepared_weight import PreparedWeight, QuantWeight, prepare_weight
+from radixlm.layers.quant.quant_tensor import QuantTensor
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -42,18 +43,33 @@ class VocabParallelEmbedding(nn.Module):
         weight = torch.zeros(self.per_partition, embedding_dim, dtype=params_dtype)
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        # A GGUF block-quantized table (this rank's rows), looked up as it is.
+        self.quant: QuantWeight | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         num_rows = min(self.per_partition, self.num_embeddings - self.vocab_start)
         src = loaded_weight.narrow(0, self.vocab_start, num_rows)
+        if isinstance(src, QuantTensor):
+            if tuple(src.shape) != (num_rows, self.embedding_dim):
+                raise ValueError(f"{src.name}: shape {list(src.shape)}, expected "
+                                 f"{[num_rows, self.embedding_dim]}")
+            self.quant = QuantWeight.from_parts([src])
+            # NOTE: the float table (shared with a tied head) is not needed any more.
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+            return
         default_weight_loader(param.narrow(0, 0, num_rows), src)
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:
+            return self.quant.embed(ids, self.weight.dtype)  # [T, embedding_dim]
+        return F.embedding(ids, self.weight)  # [T, embedding_dim]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)  # [T, embedding_dim]
+            return self._lookup(input_ids)  # [T, embedding_dim]
         local = input_ids - self.vocab_start  # [T]
         outside = (local < 0) | (local >= self.per_partition)  # [T]
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)  # [T, embedding_dim]
+        out = self._lookup(local.masked_fill(outside, 0))  # [T, embedding_dim]
         out.masked_fill_(outside[:, None], 0.0)
         torch.distributed.all_reduce(out)
         return out
@@ -79,10 +95,12 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.prepared: PreparedWeight | None = None
         # SmoothQuant scales [embedding_dim] for the int8 copy (set before prepare_weights).
         self.int8_smoothing: torch.Tensor | None = None
+        self._tied_to: tuple[VocabParallelEmbedding, ...] = ()
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         """Use the embedding table as this head's weight (one tensor for both)."""
         self.weight = embedding.weight
+        self._tied_to = (embedding,)  # (a tuple: not registered as a submodule)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("ParallelLMHead is applied with compute_logits(), not called")
@@ -103,9 +121,12 @@ class ParallelLMHead(VocabParallelEmbedding):
         The dense weight stays: a tied embedding still looks rows up in it, and with
         keep_plain, compute_logits of 1-2 rows streams it (cpu_gemm.small_batch_linear).
         """
+        quant = self._tied_to[0].quant if self._tied_to else self.quant
+        if self.prepared is None and quant is not None:
+            self.prepared = quant.as_logits()  # the GGUF table as it is, float32 logits
         if self.prepared is None:
             self.prepared = prepare_weight(self.weight, quantization, keep_plain,
-                                           smoothing=self.int8_smoothing, transposed_dense=True)
+                                           smoothing=self.int8_smoothing, lm_head=True)
             self._weight_t = None
         return self.prepared.category
 
@@ -113,7 +134,10 @@ class ParallelLMHead(VocabParallelEmbedding):
         """hidden [M, embedding_dim] → float32 logits [M, num_embeddings] (with tp_size > 1:
         on rank 0; the other ranks get their own columns [M, per_partition])."""
         if self.prepared is not None:
-            logits = self.prepared.apply(hidden, None)  # [M, per_partition]
+            logits = self.prepared.apply(hidden, None)  # [M, rows held]
+            if logits.shape[-1] < self.per_partition:  # a quantized last partition: its rows
+                logits = F.pad(logits, (0, self.per_partition - logits.shape[-1]))
+            # [M, per_partition]
         elif hidden.device.type == "cpu":
             logits = hidden @ self._transposed_weight()  # [M, per_partition]
         else:

@@ -48,6 +48,7 @@ from radixlm.model_executor.calibration import smooth_for_int8
 from radixlm.model_executor.cpu_threads import ThreadGovernor, spins, usable_cpus
 from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.model_executor.precision import resolve_precision
+from radixlm.model_loader.gguf_convert import gguf_is_quantized
 from radixlm.model_loader.loader import CheckpointShapes, load_model
 from radixlm.models.base import CausalLM, PoolingModel
 from radixlm.models.layer_stack import fast_path_report
@@ -99,7 +100,8 @@ class ModelRunner:
         if tp is not None and tp.size > 1 and not torch.distributed.is_initialized():
             init_tp_group(tp)
         self.tp_rank, self.tp_size = tp_rank_size()
-        self.precision = resolve_precision(args.dtype, args.quantization, args.device)
+        self.precision = resolve_precision(args.dtype, args.quantization, args.device,
+                                           gguf=gguf_is_quantized(model_dir))
         self.dtype = self.precision.dtype
         logger.info("Precision: %s", self.precision.describe())
         self.model_path = model_dir
@@ -134,7 +136,8 @@ class ModelRunner:
         config: the same at start-up and for a weight update."""
         model, config = load_model(model_dir, self.dtype, self.device,
                                    is_embedding=self.args.is_embedding, shapes=shapes,
-                                   shard_only=self.tp_size > 1)
+                                   shard_only=self.tp_size > 1,
+                                   keep_quantized=self.precision.quantization == "gguf")
         quantization = self.precision.quantization
         if quantization == "w8a8_int8" and self.tp_size == 1 and self.device == "cpu":
             # NOTE: a TP rank would calibrate on its shard alone, and its forward would run
@@ -142,7 +145,8 @@ class ModelRunner:
             smooth_for_int8(model, config, model_dir)
         if quantization != "none" or (self.device == "cpu" and not self.args.disable_cpu_prepack):
             num_int8, num_packed = prepare_model(model, quantization)
-            logger.info("Weights: %d int8, %d packed (oneDNN or bf16 pairs)", num_int8, num_packed)
+            logger.info("Weights: %d quantized (int8 or GGUF block formats), %d packed (oneDNN "
+                        "or bf16 pairs)", num_int8, num_packed)
         if self.device == "cpu" and (report := fast_path_report(model)) is not None:
             logger.info("Layers: %s", report)
         return model, config

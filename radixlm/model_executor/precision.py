@@ -15,8 +15,13 @@
   SmoothQuant (93.8% top-1, mean KL 0.012), so it runs only when asked for
   (`--quantization w8a8_int8`);
 
-and bfloat16 on CUDA. An explicit `--dtype` or `--quantization` wins;
-`--dtype float32 --quantization none` is the exact mode the equality tests use.
+and for a GGUF file on the CPU, its block formats as they are (`gguf`: the
+quantized kernels of layers/quant over float32 activations; docs/quantization.md);
+bfloat16 on CUDA (a GGUF file dequantized to bfloat16 at load). `q8_0`, `q4_0`
+and `q4_k` quantize a float checkpoint at load into those GGUF formats. An
+explicit `--dtype` or `--quantization` wins; `--dtype float32 --quantization
+none` is the exact mode the equality tests use (a GGUF file then runs
+dequantized to float32).
 
 The environment variable `RADIXLM_AUTO_PRECISION=float32` makes "auto" mean
 float32 without quantization (the test suite sets it, so tests that predate
@@ -37,7 +42,7 @@ _AUTO_ENV = "RADIXLM_AUTO_PRECISION"
 
 class Precision(NamedTuple):
     dtype: torch.dtype  # weights (unless quantized), activations, KV cache
-    quantization: str  # "none" | "w8a8_int8" | "bf16_weights"
+    quantization: str  # "none" | "w8a8_int8" | "bf16_weights" | "gguf" | "q8_0" | "q4_0" | "q4_k"
     reason: str  # why, for the start-up log
 
     def describe(self) -> str:
@@ -46,14 +51,25 @@ class Precision(NamedTuple):
             what = f"int8 linear layers (W8A8, per-channel weights, per-token activations), {name} activations"
         elif self.quantization == "bf16_weights":
             what = f"bfloat16 linear weights, {name} activations and arithmetic"
+        elif self.quantization == "gguf":
+            what = f"the GGUF file's block formats as stored (int8 dot products), {name} activations"
+        elif self.quantization in _BLOCK_FORMATS:
+            what = (f"linear weights quantized at load to {self.quantization.upper()} "
+                    f"(int8 dot products), {name} activations")
         else:
             what = f"{name} weights and activations"
         return f"{what}: {self.reason}"
 
 
-def resolve_precision(dtype: str, quantization: str, device: str) -> Precision:
-    """The precision for `--dtype` / `--quantization` values ("auto" allowed) on `device`."""
-    auto_dtype, auto_quant, reason = _auto(device)
+_BLOCK_FORMATS = ("q8_0", "q4_0", "q4_k")
+
+
+def resolve_precision(dtype: str, quantization: str, device: str,
+                      gguf: bool = False) -> Precision:
+    """The precision for `--dtype` / `--quantization` values ("auto" allowed) on `device`;
+    gguf: the model is a GGUF file with block-quantized tensors."""
+    _check_block_modes(quantization, device, gguf)
+    auto_dtype, auto_quant, reason = _auto(device, gguf)
     if dtype != "auto":
         reason = f"--dtype {dtype}"
     if quantization != "auto":
@@ -62,6 +78,8 @@ def resolve_precision(dtype: str, quantization: str, device: str) -> Precision:
     elif dtype != "auto":
         auto_quant = "none"  # an explicit dtype alone means no quantization
     chosen = getattr(torch, dtype) if dtype != "auto" else auto_dtype
+    if dtype == "auto" and (quantization == "gguf" or quantization in _BLOCK_FORMATS):
+        chosen = torch.float32  # the quantized kernels' activations (see _auto)
     if quantization == "bf16_weights" and device != "cpu":
         raise ValueError("--quantization bf16_weights is for the CPU (its kernel is "
                          "csrc/bf16w_gemm.cpp); on CUDA use --dtype bfloat16")
@@ -73,7 +91,19 @@ def resolve_precision(dtype: str, quantization: str, device: str) -> Precision:
     return Precision(chosen, auto_quant, reason)
 
 
-def _auto(device: str) -> tuple[torch.dtype, str, str]:
+def _check_block_modes(quantization: str, device: str, gguf: bool) -> None:
+    if quantization == "gguf" and not gguf:
+        raise ValueError("--quantization gguf runs a GGUF file's block formats: the model is "
+                         "not a block-quantized GGUF file")
+    if (quantization == "gguf" or quantization in _BLOCK_FORMATS) and device != "cpu":
+        raise ValueError(f"--quantization {quantization} runs on the CPU's integer dot products; "
+                         "on CUDA a GGUF file is dequantized to bfloat16 (--quantization auto)")
+    if quantization in _BLOCK_FORMATS and not bf16w_supported():
+        raise ValueError(f"--quantization {quantization} needs the CPU kernels (csrc/quant), "
+                         "which are not built here")
+
+
+def _auto(device: str, gguf: bool = False) -> tuple[torch.dtype, str, str]:
     forced = os.environ.get(_AUTO_ENV, "")
     if forced == "float32":
         return torch.float32, "none", f"{_AUTO_ENV}=float32"
@@ -81,6 +111,12 @@ def _auto(device: str) -> tuple[torch.dtype, str, str]:
         raise ValueError(f"{_AUTO_ENV} must be 'float32' or unset, not {forced!r}")
     if device == "cuda":
         return torch.bfloat16, "none", "--dtype auto on CUDA"
+    if gguf and bf16w_supported():
+        # NOTE: float32 activations: the kernels quantize them to int8 per block anyway,
+        # and the residual stream keeps llama.cpp's precision (its agreement with
+        # llama.cpp: docs/quantization.md).
+        return (torch.float32, "gguf",
+                "a GGUF file on the CPU: its block formats as stored, float32 activations")
     if cpu_has_native_bf16():
         return torch.bfloat16, "none", "--dtype auto, and the CPU computes bfloat16 natively"
     if device == "cpu" and bf16w_supported():

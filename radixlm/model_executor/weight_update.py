@@ -28,7 +28,11 @@ def read_shapes(model_dir: str, load_format: str | None) -> CheckpointShapes:
     if fmt == "safetensors" and kind != "safetensors" or fmt == "pt" and kind != "bin":
         raise ValueError(f"load_format {fmt!r} asks for {fmt} weights, but {model_dir} holds "
                          f"{kind} files")
-    if kind == "safetensors":
+    if kind == "gguf":
+        from radixlm.model_loader.gguf_convert import gguf_shapes
+
+        shapes.update(gguf_shapes(files[0]))
+    elif kind == "safetensors":
         from safetensors import safe_open
 
         for path in files:

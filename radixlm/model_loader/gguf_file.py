@@ -1,21 +1,31 @@
-"""Reading a GGUF file: its metadata and tensor table, and one tensor's data.
+"""Reading a GGUF file: its metadata and tensor table, and its tensors' data.
 
 Metadata and the tensor table are read with a small parser here: the `gguf`
 package's reader walks every vocabulary string through numpy and takes
-seconds. Tensor data stays on disk (the file is mapped); `dequantize_tensor`
-turns one tensor into float32 with `gguf.quants.dequantize`.
+seconds. Tensor data stays in the file: `GgufData` maps it (private,
+copy-on-write, never written) and hands out each tensor as a view, a float
+tensor for F32/F16/BF16 and a `QuantTensor` for block formats, without
+copying; `release` lets the kernel drop a tensor's pages once it has been
+repacked, so a loaded model does not keep the file's pages besides its own
+copy.
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import struct
 from collections.abc import Container
 from math import prod
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
+
+from radixlm.layers.quant.quant_tensor import GGML_TYPES, QuantTensor, row_bytes, type_name
+
+logger = logging.getLogger(__name__)
+
+_FLOAT_DTYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
 
 # Fixed-size metadata value types: GGUF type id → struct format.
 _SCALAR_FORMATS = {
@@ -122,19 +132,56 @@ def _read_header(
     return metadata, table, pos
 
 
-def dequantize_tensor(blob: np.ndarray, info: GgufTensorInfo) -> torch.Tensor:
-    """One tensor as float32, in its torch shape."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import dequantize
+class GgufData:
+    """The tensor data of a GGUF file, mapped (see the module docstring). Use as a
+    context manager, or call close(); views handed out must not outlive it."""
 
-    qtype = GGMLQuantizationType(info.ggml_type)
-    block_size, type_size = GGML_QUANT_SIZES[qtype]
-    row_bytes = info.shape[-1] // block_size * type_size
-    num_bytes = prod(info.shape[:-1]) * row_bytes
-    raw = blob[info.offset : info.offset + num_bytes].reshape(*info.shape[:-1], row_bytes)
-    values = dequantize(raw, qtype).astype(np.float32, copy=False).reshape(info.shape)
-    if not values.flags.writeable:  # a float32 tensor is a view of the read-only map
-        values = values.copy()
-    return torch.from_numpy(values)
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        self._bytes: torch.Tensor | None = torch.frombuffer(self._map, dtype=torch.uint8)
+
+    def __enter__(self) -> GgufData:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def nbytes(self, info: GgufTensorInfo) -> int:
+        return prod(info.shape[:-1]) * row_bytes(info.ggml_type, info.shape[-1])
+
+    def tensor(self, info: GgufTensorInfo) -> torch.Tensor | QuantTensor:
+        """A float view [*shape] (F32, F16, BF16) or a QuantTensor (block formats)."""
+        assert self._bytes is not None, "GgufData is closed"
+        if info.ggml_type not in GGML_TYPES:
+            raise ValueError(f"{self.path}: tensor {info.name!r} has unknown GGML type "
+                             f"{info.ggml_type}")
+        raw = self._bytes.narrow(0, info.offset, self.nbytes(info))
+        if info.ggml_type in _FLOAT_DTYPES:
+            return raw.view(_FLOAT_DTYPES[info.ggml_type]).view(info.shape)
+        rows = raw.view(*info.shape[:-1], row_bytes(info.ggml_type, info.shape[-1]))
+        return QuantTensor(rows, info.ggml_type, info.shape, info.name)
+
+    def release(self, info: GgufTensorInfo) -> None:
+        """Drop the tensor's pages from this process (they are read again on use)."""
+        page = mmap.PAGESIZE
+        start = info.offset // page * page
+        end = min(-(-(info.offset + self.nbytes(info)) // page) * page, len(self._map))
+        if end > start:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def close(self) -> None:
+        self._bytes = None
+        try:
+            self._map.close()
+        except BufferError:  # a view still alive: the map goes when the last view does
+            logger.debug("%s: tensor views outlive the mapping", self.path)
 
 
+def describe_types(gguf: GgufFile) -> str:
+    """'Q4_K x 97, F32 x 33, ...': the tensor types of a file."""
+    counts: dict[str, int] = {}
+    for t in gguf.tensors:
+        counts[type_name(t.ggml_type)] = counts.get(type_name(t.ggml_type), 0) + 1
+    return ", ".join(f"{n} x {c}" for n, c in sorted(counts.items(), key=lambda kv: -kv[1]))

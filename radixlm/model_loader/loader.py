@@ -1,10 +1,13 @@
-"""Build a model from a Hugging Face folder (or a GGUF file, converted once and cached).
+"""Build a model from a Hugging Face folder (or a GGUF file, whose config and
+tokenizer are cached in a folder that links to it: gguf_convert.py).
 
 The folder holds config.json and the weights as `*.safetensors` (one file, or
 shards listed by `model.safetensors.index.json`); `pytorch_model*.bin` is read
-when there are no safetensors. The model is built with uninitialized
-parameters on the target device, then `model.load_weights()` copies each
-checkpoint tensor into place by its Hugging Face name.
+when there are no safetensors; a GGUF folder's weights are read from its file.
+The model is built with uninitialized parameters on the target device, then
+`model.load_weights()` copies each checkpoint tensor into place by its Hugging
+Face name (block-quantized GGUF tensors, with `keep_quantized`, are kept as
+they are: layers/quant).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 import torch
 
+from radixlm.model_loader.gguf_convert import gguf_in_folder, iterate_gguf_weights
 from radixlm.model_loader.model_path import resolve_model_dir
 from radixlm.models.base import CausalLM, PoolingModel
 from radixlm.models.pooler import read_pooling_config
@@ -28,7 +32,10 @@ logger = logging.getLogger(__name__)
 
 
 def _weight_files(model_dir: str) -> tuple[list[str], str]:
-    """(files, "safetensors" | "bin"); raises FileNotFoundError when there are none."""
+    """(files, "safetensors" | "bin" | "gguf"); raises FileNotFoundError when there are none."""
+    gguf = gguf_in_folder(model_dir)
+    if gguf is not None:
+        return [gguf], "gguf"
     for index_name, kind in (
         ("model.safetensors.index.json", "safetensors"),
         ("pytorch_model.bin.index.json", "bin"),
@@ -70,10 +77,15 @@ class LazyWeight:
         return self._slice[:]  # type: ignore[no-any-return]
 
 
-def iterate_weights(model_dir: str, lazy: bool = False) -> Iterator[tuple[str, Any]]:
+def iterate_weights(model_dir: str, lazy: bool = False,
+                    keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
     """Yield (Hugging Face name, CPU tensor) for every tensor of the checkpoint in model_dir;
-    with `lazy`, safetensors tensors come as LazyWeights (read when narrowed)."""
+    with `lazy`, safetensors tensors come as LazyWeights (read when narrowed); with
+    `keep_quantized`, a GGUF file's block-quantized tensors as QuantTensors."""
     files, kind = _weight_files(model_dir)
+    if kind == "gguf":
+        yield from iterate_gguf_weights(files[0], keep_quantized=keep_quantized)
+        return
     for path in files:
         if kind == "safetensors":
             from safetensors import safe_open
@@ -110,10 +122,11 @@ def _recording(weights: Iterator[tuple[str, torch.Tensor]], shapes: CheckpointSh
 
 
 def load_model(model_path: str, dtype: torch.dtype, device: str, is_embedding: bool = False,
-               shapes: CheckpointShapes | None = None,
-               shard_only: bool = False) -> tuple[CausalLM, Any]:
+               shapes: CheckpointShapes | None = None, shard_only: bool = False,
+               keep_quantized: bool = False) -> tuple[CausalLM, Any]:
     """(model in eval mode, its transformers config) for a Hugging Face folder or a GGUF
-    file; `shapes`, when given, receives every checkpoint tensor's shape.
+    file; `shapes`, when given, receives every checkpoint tensor's shape;
+    `keep_quantized`: a GGUF file's block formats stay as they are (layers/quant).
 
     The model class is picked by `config.architectures` (see models/registry.py);
     `is_embedding` serves a causal LM for embeddings. A pooling model pools as the
@@ -130,7 +143,7 @@ def load_model(model_path: str, dtype: torch.dtype, device: str, is_embedding: b
         model = model_cls(config, dtype)
     if isinstance(model, PoolingModel) and model.num_labels == 0:
         model.pooling = read_pooling_config(model_dir, model.default_pooling)
-    weights = iterate_weights(model_dir, lazy=shard_only)
+    weights = iterate_weights(model_dir, lazy=shard_only, keep_quantized=keep_quantized)
     model.load_weights(weights if shapes is None else _recording(weights, shapes))
     model.eval()
     logger.info(

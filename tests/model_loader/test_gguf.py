@@ -1,5 +1,6 @@
-"""The default GGUF model: found, converted to a cached Hugging Face folder, and equal to
-transformers' own GGUF loading (logits, tokenizer, chat template).
+"""The default GGUF model: found, its config and tokenizer cached in a folder that links to
+the file (no weights written), and equal to transformers' own GGUF loading (logits,
+tokenizer, chat template) when dequantized to float32.
 
 transformers' GGUF model loading takes ~30 s here, so it runs once per module.
 """
@@ -91,7 +92,9 @@ def test_converted_folder(converted: str, gguf_path: str, hf_model) -> None:  # 
     from transformers import AutoConfig
 
     names = set(os.listdir(converted))
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert {"config.json", "model.gguf", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert not any(n.endswith((".safetensors", ".bin")) for n in names)  # weights stay in the file
+    assert os.path.realpath(os.path.join(converted, "model.gguf")) == os.path.realpath(gguf_path)
     assert not any(n.startswith(".tmp") for n in os.listdir(os.path.dirname(converted)))
     ours = AutoConfig.from_pretrained(converted)
     ref = hf_model.config

@@ -1,0 +1,46 @@
+// What the quantized matmul kernels (quant_gemm_legacy.cpp, quant_gemm_k.cpp) take
+// and the activation quantizer (quant_linear.cpp) gives them.
+#pragma once
+
+#include "quant_layout.h"
+
+#include <cstdint>
+
+namespace radixlm::quant {
+
+// M rows of activations quantized to int8 per block (llama.cpp's Q8_0 for the legacy
+// formats, blocks of 32; Q8_K for the K-quants, blocks of 256), with the integer sums
+// of every 16 and 32 inputs and those sums times the block's scale.
+struct QuantizedRows {
+  const int8_t* q;       // [M][ld_q]
+  const float* d;        // [M][ld_d]: one scale per block
+  const int32_t* bs16;   // [M][ld_16]: sum of q over each 16 inputs
+  const int32_t* bs32;   // [M][ld_32]
+  const float* bsf16;    // [M][ld_16]: d * bs16
+  const float* bsf32;    // [M][ld_32]
+  int64_t ld_q, ld_d, ld_16, ld_32;
+};
+
+// out[m][n] = sum_k x[m][k] w[n][k] (+ bias[n]) for one segment of a packed weight.
+struct GemmArgs {
+  const uint8_t* w;  // the segment's first group
+  int64_t n, k, groups;
+  const QuantizedRows* act;
+  int64_t m;
+  void* out;     // [m][ldo] float32 or bfloat16, the segment's first column
+  int64_t ldo;
+  bool out_bf16;
+  const float* bias;  // [n] or null
+};
+
+// The kernel for the active ISA level (isa.h); false if `type` is not in the family.
+bool gemm_legacy(int32_t type, const GemmArgs& args);
+bool gemm_k(int32_t type, const GemmArgs& args);
+
+// Quantizes rows of x (float32 or bfloat16 [m][ldx]) per block of `block` (32: Q8_0,
+// 256: Q8_K) into the buffers of `out`.
+void quantize_rows(const void* x, bool x_bf16, int64_t ldx, int64_t m, int64_t k, int64_t block,
+                   QuantizedRows& out, int8_t* q, float* d, int32_t* bs16, int32_t* bs32,
+                   float* bsf16, float* bsf32);
+
+}  // namespace radixlm::quant

@@ -1,0 +1,331 @@
+// ISA body (isa_instantiate.h) of the quantized matmul: included by
+// quant_gemm_legacy.cpp and quant_gemm_k.cpp once per level, after quant_gemm.h,
+// pairs_tiles.h and <immintrin.h>. No includes here.
+//
+// A tile is R rows x U units of output columns (a unit: 16 columns on AVX-512, 8
+// on AVX2, where a 16-column group is two units). Over K, chunk by chunk and
+// sub-block by sub-block: the unit's levels are unpacked once per quad into int8
+// lanes [column][4 inputs] and multiplied by every row's 4 activations (one
+// broadcast 32-bit word) into an int32 lane per column (vpdpbusd; vpmaddubsw +
+// vpmaddwd without VNNI); at the sub-block's end each row's integer sums turn into
+// floats, times S * da, minus M * da * sum(a) where the offset is stored. The
+// tile's weight is read once for all R rows; the threads split the column tiles.
+
+using namespace ::radixlm::quant;  // (the body sits in radixlm::isa_<level>)
+
+#if RADIXLM_ISA_AVX512
+struct Vec {
+  static constexpr int64_t kCols = 16;
+  using I = __m512i;
+  using F = __m512;
+  using Mask = __mmask64;
+  static I load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static I zero() { return _mm512_setzero_si512(); }
+  static I set1_i32(int32_t v) { return _mm512_set1_epi32(v); }
+  static I set1_i8(int8_t v) { return _mm512_set1_epi8(v); }
+  static I band(I a, I b) { return _mm512_and_si512(a, b); }
+  static I bor(I a, I b) { return _mm512_or_si512(a, b); }
+  static I bxor(I a, I b) { return _mm512_xor_si512(a, b); }
+  template <int kShift> static I srl16(I a) { return _mm512_srli_epi16(a, kShift); }
+  template <int kShift> static I sll16(I a) { return _mm512_slli_epi16(a, kShift); }
+  static Mask load_mask(const uint8_t* p) {
+    uint64_t m;
+    std::memcpy(&m, p, 8);
+    return m;
+  }
+  static I add_where(I v, Mask m, int8_t c) { return _mm512_mask_add_epi8(v, m, v, set1_i8(c)); }
+  static I dot(I acc, I w, I a) {
+#if RADIXLM_ISA_AVX512BF16
+    return _mm512_dpbusd_epi32(acc, w, a);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, a), _mm512_set1_epi16(1)));
+#endif
+  }
+  // acc + sum(q * a) for signed q (as |q| * sign(a, q): vpmaddubsw takes unsigned
+  // weights; a is never -128 here, Q8_0 activations are within +-127)
+  static I dot_signed(I acc, I q, I a) {
+    const I as = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(q), zero(), a);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(q), as),
+                                                   _mm512_set1_epi16(1)));
+  }
+  static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F fzero() { return _mm512_setzero_ps(); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  static F half(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static F from_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F from_u8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+};
+#else
+struct Vec {
+  static constexpr int64_t kCols = 8;
+  using I = __m256i;
+  using F = __m256;
+  using Mask = uint32_t;
+  static I load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I zero() { return _mm256_setzero_si256(); }
+  static I set1_i32(int32_t v) { return _mm256_set1_epi32(v); }
+  static I set1_i8(int8_t v) { return _mm256_set1_epi8(v); }
+  static I band(I a, I b) { return _mm256_and_si256(a, b); }
+  static I bor(I a, I b) { return _mm256_or_si256(a, b); }
+  static I bxor(I a, I b) { return _mm256_xor_si256(a, b); }
+  template <int kShift> static I srl16(I a) { return _mm256_srli_epi16(a, kShift); }
+  template <int kShift> static I sll16(I a) { return _mm256_slli_epi16(a, kShift); }
+  static Mask load_mask(const uint8_t* p) {
+    uint32_t m;
+    std::memcpy(&m, p, 4);
+    return m;
+  }
+  // byte b gets c where bit b of m is set
+  static I add_where(I v, Mask m, int8_t c) {
+    const I spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(static_cast<int32_t>(m)),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                         3, 3, 3, 3, 3, 3, 3, 3));
+    const I bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+    const I on = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_add_epi8(v, _mm256_and_si256(on, set1_i8(c)));
+  }
+  static I dot(I acc, I w, I a) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)));
+  }
+  static I dot_signed(I acc, I q, I a) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q),
+                                                                        _mm256_sign_epi8(a, q)),
+                                                   _mm256_set1_epi16(1)));
+  }
+  static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F fzero() { return _mm256_setzero_ps(); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  static F half(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static F from_i8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F from_u8(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+};
+#endif
+
+constexpr int64_t kUnitsPerGroup = kGroup / Vec::kCols;
+constexpr int64_t kTileUnits = 2;  // AVX-512: 32 columns; AVX2: 16
+constexpr int64_t kTileRows = 4;
+// vpdpbusd takes unsigned 8-bit levels whole; without it, Q8_0 runs signed (sign trick).
+constexpr bool kVnni = RADIXLM_ISA_AVX512BF16 != 0;
+
+// Where one unit's data sits in a chunk.
+struct UnitPtr {
+  const uint8_t* chunk;  // the chunk of the unit's group
+  int64_t half;          // which half of the group (AVX2), else 0
+};
+
+// The levels of quad q (0 .. sub/4) of one unit in sub-block planes p, as bytes.
+template <int kBits, int kSub>
+inline typename Vec::I levels(const uint8_t* p, int64_t half, int q) {
+  using V = Vec;
+  constexpr int kQuads = kSub / 4;
+  const int64_t off = half * Vec::kCols * 4;
+  if constexpr (kBits == 8) {
+    return V::load(p + q * 64 + off);
+  } else if constexpr (kBits >= 4) {
+    const typename V::I nib = V::load(p + q / 2 * 64 + off);
+    typename V::I v = V::band(q % 2 == 0 ? nib : V::template srl16<4>(nib), V::set1_i8(0x0F));
+    if constexpr (kBits == 5) {
+      v = V::add_where(v, V::load_mask(p + kQuads / 2 * 64 + q * 8 + half * Vec::kCols / 2), 16);
+    } else if constexpr (kBits == 6) {
+      const typename V::I crumb = V::load(p + kQuads / 2 * 64 + q / 4 * 64 + off);
+      typename V::I hi;
+      switch (q % 4) {
+        case 0: hi = V::template sll16<4>(crumb); break;
+        case 1: hi = V::template sll16<2>(crumb); break;
+        case 2: hi = crumb; break;
+        default: hi = V::template srl16<2>(crumb); break;
+      }
+      v = V::bor(v, V::band(hi, V::set1_i8(0x30)));
+    }
+    return v;
+  } else {
+    const typename V::I crumb = V::load(p + q / 4 * 64 + off);
+    typename V::I v;
+    switch (q % 4) {
+      case 0: v = crumb; break;
+      case 1: v = V::template srl16<2>(crumb); break;
+      case 2: v = V::template srl16<4>(crumb); break;
+      default: v = V::template srl16<6>(crumb); break;
+    }
+    v = V::band(v, V::set1_i8(0x03));
+    if constexpr (kBits == 3) {
+      v = V::add_where(v, V::load_mask(p + kQuads / 4 * 64 + q * 8 + half * Vec::kCols / 2), 4);
+    }
+    return v;
+  }
+}
+
+constexpr Format format_of(int32_t type) {
+  switch (type) {
+    case kQ4_0: return {kQ4_0, 4, 32, 32, 18, false, false, 8};
+    case kQ4_1: return {kQ4_1, 4, 32, 32, 20, false, true, 0};
+    case kQ5_0: return {kQ5_0, 5, 32, 32, 22, false, false, 16};
+    case kQ5_1: return {kQ5_1, 5, 32, 32, 24, false, true, 0};
+    case kQ8_0: return {kQ8_0, 8, 32, 32, 34, false, false, 128};
+    case kQ2_K: return {kQ2_K, 2, 16, 256, 84, true, true, 0};
+    case kQ3_K: return {kQ3_K, 3, 16, 256, 110, true, false, 4};
+    case kQ4_K: return {kQ4_K, 4, 32, 256, 144, true, true, 0};
+    case kQ5_K: return {kQ5_K, 5, 32, 256, 176, true, true, 0};
+    default: return {kQ6_K, 6, 16, 256, 210, true, false, 32};
+  }
+}
+
+// One tile: rows [0, kR) of act (already offset), units [0, kU) starting at `units`.
+template <int32_t kType, int64_t kR, int64_t kU>
+void qtile(const ChunkLayout& cl, const UnitPtr* units_at_chunk0, const QuantizedRows& act,
+           int64_t row0, float (*out)[kU * Vec::kCols]) {
+  using V = Vec;
+  constexpr Format f = format_of(kType);
+  constexpr int kQuads = f.sub / 4;
+  // Q8_0 without VNNI: signed levels (u - 128) and no offset term.
+  constexpr bool kSigned8 = f.bits == 8 && !kVnni;
+  constexpr int32_t kMinMul = kSigned8 ? 0 : f.min_mul;
+  typename V::F acc[kR][kU];
+  for (int64_t r = 0; r < kR; ++r) {
+    for (int64_t u = 0; u < kU; ++u) acc[r][u] = V::fzero();
+  }
+  const int64_t subs_per_act = f.k_quant ? cl.subs : 1;  // sub-blocks per activation block
+  for (int64_t c = 0; c < cl.chunks; ++c) {
+    for (int64_t j = 0; j < cl.subs; ++j) {
+      const int64_t sub_index = c * cl.subs + j;  // over the whole K
+      const int64_t act_block = sub_index / subs_per_act;
+      typename V::F s[kU], mv[kU];
+      const uint8_t* planes[kU];
+      for (int64_t u = 0; u < kU; ++u) {
+        const uint8_t* ch = units_at_chunk0[u].chunk + c * cl.bytes;
+        const int64_t h = units_at_chunk0[u].half * V::kCols;
+        if constexpr (f.k_quant) {
+          const typename V::F d = V::half(reinterpret_cast<const uint16_t*>(ch + cl.d_off) + h);
+          s[u] = V::mul(d, V::from_i8(reinterpret_cast<const int8_t*>(ch + cl.sc_off) + j * kGroup + h));
+          if constexpr (f.stored_min) {
+            const typename V::F dm = V::half(reinterpret_cast<const uint16_t*>(ch + cl.dmin_off) + h);
+            mv[u] = V::mul(dm, V::from_u8(ch + cl.m_off + j * kGroup + h));
+          }
+        } else {
+          s[u] = V::half(reinterpret_cast<const uint16_t*>(ch + cl.d_off) + j * kGroup + h);
+          if constexpr (f.stored_min) {
+            mv[u] = V::half(reinterpret_cast<const uint16_t*>(ch + cl.dmin_off) + j * kGroup + h);
+          }
+        }
+        planes[u] = ch + cl.planes_off + j * cl.sub_bytes;
+      }
+      typename V::I isum[kR][kU];
+      for (int64_t r = 0; r < kR; ++r) {
+        const int64_t row = row0 + r;
+        int32_t init = 0;
+        if constexpr (kMinMul != 0) {
+          const int32_t bs = f.sub == 16 ? act.bs16[row * act.ld_16 + sub_index]
+                                         : act.bs32[row * act.ld_32 + sub_index];
+          init = -kMinMul * bs;
+        }
+        for (int64_t u = 0; u < kU; ++u) isum[r][u] = V::set1_i32(init);
+      }
+      const int8_t* aq = act.q + row0 * act.ld_q + sub_index * f.sub;
+      for (int q = 0; q < kQuads; ++q) {
+        typename V::I w[kU];
+        for (int64_t u = 0; u < kU; ++u) {
+          w[u] = levels<f.bits, f.sub>(planes[u], units_at_chunk0[u].half, q);
+          if constexpr (kSigned8) w[u] = V::bxor(w[u], V::set1_i8(static_cast<int8_t>(0x80)));
+        }
+        for (int64_t r = 0; r < kR; ++r) {
+          int32_t a4;
+          std::memcpy(&a4, aq + r * act.ld_q + q * 4, 4);
+          const typename V::I a = V::set1_i32(a4);
+          for (int64_t u = 0; u < kU; ++u) {
+            if constexpr (kSigned8) {
+              isum[r][u] = V::dot_signed(isum[r][u], w[u], a);
+            } else {
+              isum[r][u] = V::dot(isum[r][u], w[u], a);
+            }
+          }
+        }
+      }
+      for (int64_t r = 0; r < kR; ++r) {
+        const int64_t row = row0 + r;
+        const typename V::F da = V::set1(act.d[row * act.ld_d + act_block]);
+        for (int64_t u = 0; u < kU; ++u) {
+          acc[r][u] = V::fma(V::cvt(isum[r][u]), V::mul(s[u], da), acc[r][u]);
+          if constexpr (f.stored_min) {
+            const float bsf = f.sub == 16 ? act.bsf16[row * act.ld_16 + sub_index]
+                                          : act.bsf32[row * act.ld_32 + sub_index];
+            acc[r][u] = V::fnma(mv[u], V::set1(bsf), acc[r][u]);
+          }
+        }
+      }
+    }
+  }
+  for (int64_t r = 0; r < kR; ++r) {
+    for (int64_t u = 0; u < kU; ++u) V::store(out[r] + u * V::kCols, acc[r][u]);
+  }
+}
+
+// Writes a tile's float results (cols columns of rows rows) to the output.
+inline void store_tile(const float* tile, int64_t tile_ld, int64_t rows, int64_t cols,
+                       const GemmArgs& g, int64_t row0, int64_t col0) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = tile + r * tile_ld;
+    if (g.out_bf16) {
+      auto* o = static_cast<c10::BFloat16*>(g.out) + (row0 + r) * g.ldo + col0;
+      for (int64_t c = 0; c < cols; ++c) {
+        o[c] = c10::BFloat16(src[c] + (g.bias != nullptr ? g.bias[col0 + c] : 0.0f));
+      }
+    } else {
+      float* o = static_cast<float*>(g.out) + (row0 + r) * g.ldo + col0;
+      for (int64_t c = 0; c < cols; ++c) o[c] = src[c] + (g.bias != nullptr ? g.bias[col0 + c] : 0.0f);
+    }
+  }
+}
+
+template <int32_t kType>
+void gemm(const GemmArgs& g) {
+  constexpr Format f = format_of(kType);
+  const ChunkLayout cl(f, g.k);
+  const int64_t group_bytes = cl.group_bytes();
+  const int64_t units = g.groups * kUnitsPerGroup;
+  const int64_t tiles = (units + kTileUnits - 1) / kTileUnits;
+  if (g.m == 0 || g.n == 0) return;
+  radixlm::claim_parallel(tiles, [&](int64_t t, int64_t) {
+    const int64_t u0 = t * kTileUnits, nu = std::min(kTileUnits, units - u0);
+    UnitPtr ptrs[kTileUnits];
+    for (int64_t u = 0; u < nu; ++u) {
+      ptrs[u] = {g.w + (u0 + u) / kUnitsPerGroup * group_bytes, (u0 + u) % kUnitsPerGroup};
+    }
+    const int64_t col0 = u0 * Vec::kCols;
+    const int64_t cols = std::min(nu * Vec::kCols, g.n - col0);
+    if (cols <= 0) return;  // (a padding unit past the last column)
+    const int64_t row_tiles = (g.m + kTileRows - 1) / kTileRows;
+    const int64_t tile_rows = (g.m + row_tiles - 1) / row_tiles;
+    for (int64_t r0 = 0; r0 < g.m; r0 += tile_rows) {
+      const int64_t nr = std::min(tile_rows, g.m - r0);
+      radixlm::with_count<kTileUnits>(nu, [&](auto nu_c) {
+        radixlm::with_count<kTileRows>(nr, [&](auto nr_c) {
+          constexpr int64_t kU = decltype(nu_c)::value, kR = decltype(nr_c)::value;
+          alignas(64) float tmp[kR][kU * Vec::kCols];
+          qtile<kType, kR, kU>(cl, ptrs, *g.act, r0, tmp);
+          store_tile(&tmp[0][0], kU * Vec::kCols, nr, cols, g, r0, col0);
+        });
+      });
+    }
+  });
+}
