@@ -60,12 +60,12 @@ for engine in $ENGINES; do
     n=$(( c == 1 ? 4 : 16 ))
     $PY -m radixlm.bench.serving --base-url "http://127.0.0.1:$PORT" --label "$engine-c$c" \
       --concurrency $c --num-prompts $n --output-len "$OUTPUT_LEN" --warmup 1 --disable-tqdm \
-      --output-file "$OUT/runs.jsonl" | grep -E "==|requests:|throughput|TTFT|TPOT|error"
-    [ $c = 1 ] && rss
+      --output-file "$OUT/runs.jsonl" | { grep -E "==|requests:|throughput|TTFT|TPOT|error" || true; }
+    if [ $c = 1 ]; then rss; fi
   done
   $PY -m radixlm.bench.serving --base-url "http://127.0.0.1:$PORT" --label "$engine-2k" \
     --dataset random --random-input-len 2000 --output-len 1 --concurrency 1 --num-prompts 2 \
-    --warmup 0 --disable-tqdm --output-file "$OUT/prefill.jsonl" | grep -E "==|requests:|TTFT|error"
+    --warmup 0 --disable-tqdm --output-file "$OUT/prefill.jsonl" | { grep -E "==|requests:|TTFT|error" || true; }
   rss
   stop
 done
