@@ -1,7 +1,7 @@
 """radixlm against llama.cpp on the same GGUF files: teacher-forced next-token agreement.
 
     LLAMA_PY=~/peer-llama/bin/python .venv/bin/python scripts/gguf_accuracy.py \
-        [--types q4_1 q8_0 q6_k q4_k_m] [--tokens N]
+        [--types q4_1 q8_0 q6_k q4_k_m] [--tokens N] [--llama-kv f16|f32]
 
 For each type: the default model's own file (q4_1), or that file requantized by
 llama.cpp's own quantizer (llama_model_quantize with allow_requantize: no float
@@ -50,6 +50,7 @@ from radixlm.model_loader.model_path import resolve_model_dir  # noqa: E402
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* of each type
 FTYPES = {"q4_1": 3, "q8_0": 7, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18, "q4_0": 2}
 MARGIN = 0.1
+GGML_KV_TYPES = {"f32": 0, "f16": 1}
 TEXTS = ("gate_text.txt", "accuracy_text.txt")
 
 
@@ -69,9 +70,10 @@ if sys.argv[1] == "quantize":
     p = llama_cpp.llama_model_quantize_default_params(); p.ftype = int(sys.argv[4])
     p.nthread = 1; p.allow_requantize = True
     sys.exit(llama_cpp.llama_model_quantize(sys.argv[2].encode(), sys.argv[3].encode(), p))
-ids = json.loads(sys.argv[3]); batch = int(sys.argv[5])
+ids = json.loads(sys.argv[3]); batch = int(sys.argv[5]); kv = int(sys.argv[6])
 llm = llama_cpp.Llama(sys.argv[2], n_ctx=max(512, len(ids) + 8), n_batch=batch, n_ubatch=batch,
-                      logits_all=True, n_threads=1, verbose=False)
+                      logits_all=True, n_threads=1, verbose=False, type_k=kv, type_v=kv,
+                      flash_attn=False)
 llm.eval(ids)
 np.save(sys.argv[4], np.asarray(llm.scores[:len(ids)], dtype=np.float32))
 """
@@ -83,10 +85,11 @@ def llama(*args: str) -> None:
                    stderr=subprocess.DEVNULL)
 
 
-def llama_logits(model: str, ids: list[int], batch: int) -> torch.Tensor:
+def llama_logits(model: str, ids: list[int], batch: int, kv: str = "f16") -> torch.Tensor:
+    """llama.cpp's logits [T, vocab]; kv: its KV cache's type (f16, its default, or f32)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "logits.npy")
-        llama("logits", model, json.dumps(ids), out, str(batch))
+        llama("logits", model, json.dumps(ids), out, str(batch), str(GGML_KV_TYPES[kv]))
         return torch.from_numpy(np.load(out))
 
 
@@ -119,6 +122,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--types", nargs="+", default=["q4_1", "q8_0", "q6_k", "q4_k_m"])
     p.add_argument("--tokens", type=int, default=None, help="the first N tokens (all: 1,308)")
+    p.add_argument("--llama-kv", choices=["f16", "f32"], default="f16",
+                   help="llama.cpp's KV cache type (f16: its default; f32: radixlm's here)")
     args = p.parse_args()
     torch.set_grad_enabled(False)
     ids = text_tokens()[: args.tokens]
@@ -129,10 +134,10 @@ def main() -> None:
             if name != "q4_1":
                 path = os.path.join(tmp, f"smollm2-{name}.gguf")
                 llama("quantize", source, path, str(FTYPES[name]))
-            ref = llama_logits(path, ids, 512)
+            ref = llama_logits(path, ids, 512, args.llama_kv)
             print(f"{name} ({os.path.getsize(path) / 2**20:.0f} MiB), {len(ids)} tokens; "
                   f"tensors: {describe_types(read_gguf(path))}")
-            print(f"  llama.cpp one token at a time: {compare(ref, llama_logits(path, ids, 1))}")
+            print(f"  llama.cpp one token at a time: {compare(ref, llama_logits(path, ids, 1, args.llama_kv))}")
             print(f"  radixlm quantized kernels:     "
                   f"{compare(ref, radixlm_logits(path, ids, 'gguf'))}")
             print(f"  radixlm float32 (dequantized): "
