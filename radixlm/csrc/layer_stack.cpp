@@ -37,6 +37,8 @@ at::Tensor silu_and_mul(const at::Tensor& x);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps);
 at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+void kv_store(at::Tensor k_buf, at::Tensor v_buf, const at::Tensor& loc, const at::Tensor& k,
+              const at::Tensor& v);
 
 namespace {
 
@@ -123,8 +125,7 @@ std::tuple<at::Tensor, at::Tensor> llama_layer_stack(
     const at::Tensor v =
         qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads, head_dim});
     at::Tensor k_buf = k_bufs[l], v_buf = v_bufs[l];
-    k_buf.index_copy_(0, out_cache_loc, k);
-    v_buf.index_copy_(0, out_cache_loc, v);
+    kv_store(k_buf, v_buf, out_cache_loc, k, v);  // quantized where the pool is
     at::Tensor attn;
     {
       RECORD_FUNCTION("radixlm::paged_attention", std::vector<c10::IValue>());

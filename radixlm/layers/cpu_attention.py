@@ -30,6 +30,7 @@ from radixlm.layers.attention import (
     ExtendReq,
     extend_attention,
     extend_request,
+    stored_kv,
 )
 from radixlm.layers.cpu_kernels import load_cpu_kernels
 
@@ -92,9 +93,8 @@ class CpuPagedAttnBackend(AttentionBackend):
         forward_batch: ForwardBatch,
     ) -> torch.Tensor:
         md: CpuPagedMetadata = forward_batch.attn_metadata
-        pool = forward_batch.token_to_kv_pool
-        pool.set_kv_buffer(layer_id, forward_batch.out_cache_loc, k, v)
-        k_buf, v_buf = pool.get_kv_buffer(layer_id)  # each [slots, Hkv, D]
+        # k_buf, v_buf [slots, Hkv, row]; k and v are read only by extends outside the kernel
+        k, v, k_buf, v_buf = stored_kv(forward_batch, layer_id, k, v, read_back=bool(md.extends))
         num_tokens, num_heads, head_dim = q.shape
         if md.kernel_args is not None:
             rows, seq_lens, q_starts, q_lens = md.kernel_args

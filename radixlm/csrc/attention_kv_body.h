@@ -1,0 +1,131 @@
+// How paged attention reads the pool's rows (an ISA body fragment, included by
+// attention_body.h after vec_body.h): a KV head's rows in the pool, and each
+// storage format (kv_format.h) converted to float in registers.
+//
+// A row is converted "unscaled" and its scale applied where it costs least: for
+// keys to the dot product (one multiply per score), for values to the probability
+// (one per key), in the blocked path to the block being converted. int8 rows carry
+// their own scale; an fp8_e4m3 value is its bits moved into a float16 (sign, then
+// exponent and mantissa shifted by 7) times 2^8, the same for every row; fp8_e5m2
+// is the top byte of a float16, exact, no scale.
+
+// Storage types the kernel is instantiated for besides float, BFloat16 and Half:
+// int8_t (int8 rows) and these two (fp8 bytes).
+struct KvE4m3 {
+  uint8_t bits;
+};
+struct KvE5m2 {
+  uint8_t bits;
+};
+
+inline float half_bits_to_float(uint16_t h) {
+  return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+}
+inline uint16_t e4m3_half_bits(uint8_t b) {
+  return static_cast<uint16_t>(((b & 0x80) << 8) | ((b & 0x7F) << 7));
+}
+inline float to_float(KvE4m3 x) { return half_bits_to_float(e4m3_half_bits(x.bits)); }
+inline float to_float(KvE5m2 x) { return half_bits_to_float(static_cast<uint16_t>(x.bits << 8)); }
+
+// Whether rows of kvT need a scale after to_float / load_row.
+template <typename kvT>
+constexpr bool kScaled = std::is_same_v<kvT, int8_t> || std::is_same_v<kvT, KvE4m3>;
+// Quantized formats (converted, never read as they lie).
+template <typename kvT>
+constexpr bool kQuantized = kScaled<kvT> || std::is_same_v<kvT, KvE5m2>;
+
+// The scale of a row of head_dim values.
+template <typename kvT>
+inline float row_scale(const kvT* row, int64_t head_dim) {
+  if constexpr (std::is_same_v<kvT, int8_t>) {
+    float s;
+    std::memcpy(&s, row + head_dim, sizeof(s));
+    return s;
+  } else if constexpr (std::is_same_v<kvT, KvE4m3>) {
+    (void)row, (void)head_dim;
+    return 256.0f;
+  } else {
+    (void)row, (void)head_dim;
+    return 1.0f;
+  }
+}
+
+// One KV head's rows in the pool: slot s's key at k + s * slot_stride.
+template <typename kvT>
+struct KvRows {
+  const kvT* k;
+  const kvT* v;
+  int64_t slot_stride;  // storage elements from a slot to the next (Hkv rows)
+  int64_t row_elems;    // storage elements of one row (prefetched whole)
+  const kvT* key(int64_t slot) const { return k + slot * slot_stride; }
+  const kvT* value(int64_t slot) const { return v + slot * slot_stride; }
+};
+
+// The first key a query at position `pos` sees under `window` (0: none).
+inline int64_t first_key(int64_t pos, int64_t window) {
+  return window > 0 ? std::max<int64_t>(pos - window + 1, 0) : 0;
+}
+
+#if RADIXLM_ISA_AVX2
+// kBVec fp8 bytes → the float16 bits of their values (times 2^-8 for e4m3), as floats.
+template <bool kE4m3>
+inline bvec fp8_to_bvec(const uint8_t* p) {
+#if RADIXLM_ISA_AVX512
+  const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  __m256i h;
+  if constexpr (kE4m3) {
+    h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
+                        _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)), 7));
+  } else {
+    h = _mm256_slli_epi16(w, 8);
+  }
+  return _mm512_cvtph_ps(h);
+#else
+  const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  __m128i h;
+  if constexpr (kE4m3) {
+    h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8),
+                     _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 7));
+  } else {
+    h = _mm_slli_epi16(w, 8);
+  }
+  return _mm256_cvtph_ps(h);
+#endif
+}
+#endif
+
+// A row of kD values, unscaled, into kD / kBVec vectors.
+template <int64_t kD, typename kvT>
+inline void load_row(const kvT* row, bvec (&out)[kD / kBVec]) {
+  if constexpr (std::is_same_v<kvT, float>) {
+    for (int64_t n = 0; n < kD / kBVec; ++n) out[n] = loadb(row + n * kBVec);
+  } else if constexpr (std::is_same_v<kvT, int8_t>) {
+    typedef int8_t i8vec __attribute__((vector_size(kBVec)));
+    for (int64_t n = 0; n < kD / kBVec; ++n) {
+      i8vec v;
+      std::memcpy(&v, row + n * kBVec, sizeof(v));
+      out[n] = __builtin_convertvector(v, bvec);
+    }
+#if RADIXLM_ISA_AVX2
+  } else if constexpr (std::is_same_v<kvT, KvE4m3> || std::is_same_v<kvT, KvE5m2>) {
+    const auto* bytes = reinterpret_cast<const uint8_t*>(row);
+    for (int64_t n = 0; n < kD / kBVec; ++n) {
+      out[n] = fp8_to_bvec<std::is_same_v<kvT, KvE4m3>>(bytes + n * kBVec);
+    }
+#endif
+  } else {
+    float tmp[kD];
+    for (int64_t d = 0; d < kD; ++d) tmp[d] = to_float(row[d]);
+    for (int64_t n = 0; n < kD / kBVec; ++n) out[n] = loadb(tmp + n * kBVec);
+  }
+}
+
+// A row of n values, scaled, into floats.
+template <typename kvT>
+inline void row_to_float(const kvT* row, int64_t n, float* out) {
+  for (int64_t d = 0; d < n; ++d) out[d] = to_float(row[d]);
+  if constexpr (kScaled<kvT>) {
+    const float s = row_scale(row, n);
+    for (int64_t d = 0; d < n; ++d) out[d] *= s;
+  }
+}
