@@ -31,6 +31,7 @@ void attend_group(const qT* q, int64_t q_row_stride, qT* out, const KvRows<kvT>&
       for (int64_t d = 0; d < head_dim; ++d) dst[d] = to_float(src[d]) * scale;
     }
   }
+  rotate_rows<kvT>(qf.data(), rows, head_dim);  // into an int8 pool's basis
   // Score rows [lo, hi) see key j: query rows i with first_key(prefix + i) <= j <= prefix + i.
   const auto seen_by = [&](int64_t j, int64_t& lo, int64_t& hi) {
     lo = std::max<int64_t>(j - prefix, 0) * group;
@@ -74,6 +75,7 @@ void attend_group(const qT* q, int64_t q_row_stride, qT* out, const KvRows<kvT>&
       for (int64_t d = 0; d < head_dim; ++d) a[d] += p * kv_row[d];
     }
   }
+  rotate_rows<kvT>(acc.data(), rows, head_dim);  // out of an int8 pool's basis
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = r / group, g = r % group;
     qT* dst = out + (i * num_heads + kv_head * group + g) * head_dim;
@@ -152,8 +154,6 @@ inline void exp_row(float* s, int64_t n, float m) {
 // together (sum_lanes). Keys a row does not see get probability 0. AVX2 (16
 // registers) takes one row at a time: a row's query and value accumulators fill
 // half of them, the key and value rows come in as the FMAs' memory operands.
-// Quantized rows come in unscaled (load_row); their scales multiply the scores
-// (keys) and the probabilities (values).
 template <int64_t kD, typename qT, typename kvT>
 void attend_group_vec(const qT* q, int64_t q_row_stride, qT* out, const KvRows<kvT>& kv,
                       const int64_t* slots, int64_t seq_len, int64_t q_len, int64_t kv_head,
@@ -177,6 +177,7 @@ void attend_group_vec(const qT* q, int64_t q_row_stride, qT* out, const KvRows<k
       for (int64_t d = 0; d < kD; ++d) dst[d] = to_float(src[d]) * scale;
     }
   }
+  rotate_rows<kvT>(qf.data(), rows, kD);  // into an int8 pool's basis
   // Score row r (r < rows) sees keys [lo(r), hi(r)); rows r0 .. r0 + kRows together
   // read [lo(r0), hi(last real row of them)).
   const auto lo = [&](int64_t r) { return first_key(prefix + r / group, window); };
@@ -191,7 +192,6 @@ void attend_group_vec(const qT* q, int64_t q_row_stride, qT* out, const KvRows<k
     for (int64_t j0 = first; j0 < last; j0 += kBVec) {
       const int64_t nj = std::min(kBVec, last - j0);
       bvec partial[kRows][kBVec];
-      float key_scale[kBVec] = {};
       for (int64_t jj = 0; jj < kBVec; ++jj) {
         const int64_t slot = bitrev(jj);
         if (jj >= nj) {
@@ -202,10 +202,8 @@ void attend_group_vec(const qT* q, int64_t q_row_stride, qT* out, const KvRows<k
         if (j + kPrefetchAhead < seq_len) {
           prefetch_row(kv.key(slots[j + kPrefetchAhead]), kv.row_elems);
         }
-        const kvT* key = kv.key(slots[j]);
-        if constexpr (kScaled<kvT>) key_scale[jj] = row_scale(key, kD);
         bvec kvv[kN];
-        load_row<kD>(key, kvv);
+        load_row<kD>(kv.key(slots[j]), kvv);
         for (int64_t i = 0; i < kRows; ++i) {
           bvec p = qv[i][0] * kvv[0];
           for (int64_t n = 1; n < kN; ++n) p += qv[i][n] * kvv[n];
@@ -214,9 +212,7 @@ void attend_group_vec(const qT* q, int64_t q_row_stride, qT* out, const KvRows<k
       }
       for (int64_t i = 0; i < kRows; ++i) {
         float lanes[kBVec];
-        bvec sum = sum_lanes(partial[i]);
-        if constexpr (kScaled<kvT>) sum *= loadb(key_scale);
-        storeb(lanes, sum);
+        storeb(lanes, sum_lanes(partial[i]));
         std::memcpy(scores.data() + (r0 + i) * width + (j0 - base), lanes, nj * sizeof(float));
       }
     }
@@ -239,13 +235,10 @@ void attend_group_vec(const qT* q, int64_t q_row_stride, qT* out, const KvRows<k
       if (j + kPrefetchAhead < seq_len) {
         prefetch_row(kv.value(slots[j + kPrefetchAhead]), kv.row_elems);
       }
-      const kvT* value = kv.value(slots[j]);
       bvec vv[kN];
-      load_row<kD>(value, vv);
-      const float value_scale = row_scale(value, kD);
+      load_row<kD>(kv.value(slots[j]), vv);
       for (int64_t i = 0; i < kRows; ++i) {
-        float p = scores[(r0 + i) * width + j - base];  // 0 for padding rows
-        if constexpr (kScaled<kvT>) p *= value_scale;
+        const float p = scores[(r0 + i) * width + j - base];  // 0 for padding rows
         for (int64_t n = 0; n < kN; ++n) acc[i][n] += p * vv[n];
       }
     }
@@ -253,6 +246,7 @@ void attend_group_vec(const qT* q, int64_t q_row_stride, qT* out, const KvRows<k
       const int64_t r = r0 + i, qi = r / group, g = r % group;
       float a[kD];
       for (int64_t n = 0; n < kN; ++n) storeb(a + n * kBVec, acc[i][n]);
+      rotate_rows<kvT>(a, 1, kD);  // out of an int8 pool's basis
       qT* dst = out + (qi * num_heads + kv_head * group + g) * kD;
       for (int64_t d = 0; d < kD; ++d) dst[d] = static_cast<qT>(a[d]);
     }

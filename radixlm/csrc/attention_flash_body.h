@@ -14,7 +14,8 @@
 // does not grow with the sequence; blocks past a row's position are skipped, and
 // under a sliding window the keys before the task's first row's window are never
 // read (each row masks its own window's start within a block). Quantized rows are
-// converted with their scale as the block is.
+// converted as the block is (an int8 pool's in its rotated basis: the query rows
+// are rotated into it first, the output rows back).
 constexpr int64_t kRowwiseMaxRows = 16;  // extends up to this use attend_group
 constexpr int64_t kQBlock = 64;
 constexpr int64_t kKBlock = 64;
@@ -111,8 +112,8 @@ inline uint32_t bf16_pair(const c10::BFloat16* p) {
   return w;
 }
 
-// The bf16 bits of a row's values (rows of another format converted, scaled and
-// rounded to nearest even; zeros past the block's keys).
+// The bf16 bits of a row's values (rows of another format converted and rounded to
+// nearest even).
 template <int64_t kD, typename kvT>
 inline void row_bf16_bits(const kvT* row, uint16_t (&bits)[kD]) {
   if constexpr (std::is_same_v<kvT, c10::BFloat16>) {
@@ -296,13 +297,20 @@ void attend_block(const qT* q, int64_t q_row_stride, qT* out, const KvRows<kvT>&
     for (int64_t g = 0; g < group; ++g) {
       const qT* src = q + (row0 + i) * q_row_stride + (kv_head * group + g) * kD;
       const int64_t r = i * group + g;
-      if constexpr (kPairs) {
+      if constexpr (kPairs && kRotated<kvT>) {  // rotated, then rounded to bf16 again
+        float rotated[kD];
+        for (int64_t d = 0; d < kD; ++d) rotated[d] = to_float(src[d]);
+        rotate_rows<kvT>(rotated, 1, kD);
+        auto* dst = reinterpret_cast<uint16_t*>(s.q2.data() + r * kD / 2);
+        for (int64_t d = 0; d < kD; ++d) dst[d] = c10::BFloat16(rotated[d]).x;
+      } else if constexpr (kPairs) {
         std::memcpy(s.q2.data() + r * kD / 2, src, kD * sizeof(qT));
       } else {
         for (int64_t d = 0; d < kD; ++d) s.qf[r * kD + d] = to_float(src[d]) * scale;
       }
     }
   }
+  if constexpr (!kPairs) rotate_rows<kvT>(s.qf.data(), rows, kD);  // into an int8 pool's basis
   float* kt = s.kt.data();
   float* vb = s.vb.data();
   float score[kPair][kKBlock];
@@ -375,6 +383,7 @@ void attend_block(const qT* q, int64_t q_row_stride, qT* out, const KvRows<kvT>&
       block_values<kD, kPair>(s.acc.data() + r * kD, score, correction, vb, least, most);
     }
   }
+  rotate_rows<kvT>(s.acc.data(), rows, kD);  // out of an int8 pool's basis
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = r / group, g = r % group;
     qT* dst = out + ((row0 + i) * num_heads + kv_head * group + g) * kD;

@@ -2,12 +2,12 @@
 // attention_body.h after vec_body.h): a KV head's rows in the pool, and each
 // storage format (kv_format.h) converted to float in registers.
 //
-// A row is converted "unscaled" and its scale applied where it costs least: for
-// keys to the dot product (one multiply per score), for values to the probability
-// (one per key), in the blocked path to the block being converted. int8 rows carry
-// their own scale; an fp8_e4m3 value is its bits moved into a float16 (sign, then
-// exponent and mantissa shifted by 7) times 2^8, the same for every row; fp8_e5m2
-// is the top byte of a float16, exact, no scale.
+// A row converts to its float values (load_row, row_to_float), except that an
+// int8 row stays in its blocks' rotated (Hadamard) basis: the kernels rotate each
+// query row into it once (rotate_rows) and each output row back (the same call),
+// since q . k = (H q) . (H k) and sum p v = H sum p (H v). An fp8_e4m3 value is its
+// bits moved into a float16 (sign, then exponent and mantissa shifted by 7) times
+// 2^8; fp8_e5m2 is the top byte of a float16.
 
 // Storage types the kernel is instantiated for besides float, BFloat16 and Half:
 // int8_t (int8 rows) and these two (fp8 bytes).
@@ -24,29 +24,36 @@ inline float half_bits_to_float(uint16_t h) {
 inline uint16_t e4m3_half_bits(uint8_t b) {
   return static_cast<uint16_t>(((b & 0x80) << 8) | ((b & 0x7F) << 7));
 }
-inline float to_float(KvE4m3 x) { return half_bits_to_float(e4m3_half_bits(x.bits)); }
+inline float to_float(KvE4m3 x) { return half_bits_to_float(e4m3_half_bits(x.bits)) * 256.0f; }
 inline float to_float(KvE5m2 x) { return half_bits_to_float(static_cast<uint16_t>(x.bits << 8)); }
 
-// Whether rows of kvT need a scale after to_float / load_row.
+// Formats converted in registers (never read as they lie), and those in a rotated basis.
 template <typename kvT>
-constexpr bool kScaled = std::is_same_v<kvT, int8_t> || std::is_same_v<kvT, KvE4m3>;
-// Quantized formats (converted, never read as they lie).
+constexpr bool kQuantized =
+    std::is_same_v<kvT, int8_t> || std::is_same_v<kvT, KvE4m3> || std::is_same_v<kvT, KvE5m2>;
 template <typename kvT>
-constexpr bool kQuantized = kScaled<kvT> || std::is_same_v<kvT, KvE5m2>;
+constexpr bool kRotated = std::is_same_v<kvT, int8_t>;
 
-// The scale of a row of head_dim values.
+// The float scales of an int8 row of head_dim values (one per block).
+inline void int8_scales(const int8_t* row, int64_t head_dim, float* out) {
+  const int64_t blocks = head_dim / radixlm::kv_int8_block(head_dim);
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint16_t bits;
+    std::memcpy(&bits, row + head_dim + 2 * b, sizeof(bits));
+    out[b] = half_bits_to_float(bits);
+  }
+}
+
+// rows x n floats, each rotated into (or, the same transform, out of) an int8 row's
+// basis where kvT is int8; nothing otherwise.
 template <typename kvT>
-inline float row_scale(const kvT* row, int64_t head_dim) {
-  if constexpr (std::is_same_v<kvT, int8_t>) {
-    float s;
-    std::memcpy(&s, row + head_dim, sizeof(s));
-    return s;
-  } else if constexpr (std::is_same_v<kvT, KvE4m3>) {
-    (void)row, (void)head_dim;
-    return 256.0f;
+inline void rotate_rows(float* x, int64_t rows, int64_t n) {
+  if constexpr (kRotated<kvT>) {
+    for (int64_t r = 0; r < rows; ++r) {
+      radixlm::hadamard_blocks(x + r * n, n, radixlm::kv_int8_block(n));
+    }
   } else {
-    (void)row, (void)head_dim;
-    return 1.0f;
+    (void)x, (void)rows, (void)n;
   }
 }
 
@@ -67,7 +74,7 @@ inline int64_t first_key(int64_t pos, int64_t window) {
 }
 
 #if RADIXLM_ISA_AVX2
-// kBVec fp8 bytes → the float16 bits of their values (times 2^-8 for e4m3), as floats.
+// kBVec fp8 bytes → their values as floats (e4m3: times 2^-8, see to_float).
 template <bool kE4m3>
 inline bvec fp8_to_bvec(const uint8_t* p) {
 #if RADIXLM_ISA_AVX512
@@ -94,23 +101,31 @@ inline bvec fp8_to_bvec(const uint8_t* p) {
 }
 #endif
 
-// A row of kD values, unscaled, into kD / kBVec vectors.
+// A row of kD values as kD / kBVec vectors (an int8 row in its rotated basis).
 template <int64_t kD, typename kvT>
 inline void load_row(const kvT* row, bvec (&out)[kD / kBVec]) {
   if constexpr (std::is_same_v<kvT, float>) {
     for (int64_t n = 0; n < kD / kBVec; ++n) out[n] = loadb(row + n * kBVec);
   } else if constexpr (std::is_same_v<kvT, int8_t>) {
+    constexpr int64_t kBlock = radixlm::kv_int8_block(kD);
+    static_assert(kBlock % kBVec == 0, "an int8 block of whole vectors");
+    float scales[kD / kBlock];
+    int8_scales(row, kD, scales);
     typedef int8_t i8vec __attribute__((vector_size(kBVec)));
     for (int64_t n = 0; n < kD / kBVec; ++n) {
       i8vec v;
       std::memcpy(&v, row + n * kBVec, sizeof(v));
-      out[n] = __builtin_convertvector(v, bvec);
+      out[n] = __builtin_convertvector(v, bvec) * scales[n * kBVec / kBlock];
     }
 #if RADIXLM_ISA_AVX2
   } else if constexpr (std::is_same_v<kvT, KvE4m3> || std::is_same_v<kvT, KvE5m2>) {
     const auto* bytes = reinterpret_cast<const uint8_t*>(row);
     for (int64_t n = 0; n < kD / kBVec; ++n) {
-      out[n] = fp8_to_bvec<std::is_same_v<kvT, KvE4m3>>(bytes + n * kBVec);
+      if constexpr (std::is_same_v<kvT, KvE4m3>) {
+        out[n] = fp8_to_bvec<true>(bytes + n * kBVec) * 256.0f;
+      } else {
+        out[n] = fp8_to_bvec<false>(bytes + n * kBVec);
+      }
     }
 #endif
   } else {
@@ -120,12 +135,15 @@ inline void load_row(const kvT* row, bvec (&out)[kD / kBVec]) {
   }
 }
 
-// A row of n values, scaled, into floats.
+// A row of n values into floats (an int8 row in its rotated basis).
 template <typename kvT>
 inline void row_to_float(const kvT* row, int64_t n, float* out) {
-  for (int64_t d = 0; d < n; ++d) out[d] = to_float(row[d]);
-  if constexpr (kScaled<kvT>) {
-    const float s = row_scale(row, n);
-    for (int64_t d = 0; d < n; ++d) out[d] *= s;
+  if constexpr (std::is_same_v<kvT, int8_t>) {
+    const int64_t block = radixlm::kv_int8_block(n);
+    float scales[radixlm::kMaxHeadDim];
+    int8_scales(row, n, scales);
+    for (int64_t d = 0; d < n; ++d) out[d] = static_cast<float>(row[d]) * scales[d / block];
+  } else {
+    for (int64_t d = 0; d < n; ++d) out[d] = to_float(row[d]);
   }
 }

@@ -28,15 +28,22 @@ void load_floats(const T* src, int64_t n, float* out) {
   for (int64_t d = 0; d < n; ++d) out[d] = static_cast<float>(src[d]);
 }
 
-void quantize_int8_row(const float* x, int64_t head_dim, int8_t* dst) {
-  float amax = 0.0f;
-  for (int64_t d = 0; d < head_dim; ++d) amax = std::max(amax, std::fabs(x[d]));
-  const float scale = amax / 127.0f;  // as kv_format.py: max |x| / 127, x / scale
-  for (int64_t d = 0; d < head_dim; ++d) {
-    const float q = scale > 0.0f ? std::nearbyint(x[d] / scale) : 0.0f;  // half to even
-    dst[d] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, q)));
+// x (modified: rotated in place) into an int8 row (kv_format.h).
+void quantize_int8_row(float* x, int64_t head_dim, int8_t* dst) {
+  const int64_t block = radixlm::kv_int8_block(head_dim);
+  radixlm::hadamard_blocks(x, head_dim, block);
+  for (int64_t b0 = 0, b = 0; b0 < head_dim; b0 += block, ++b) {
+    float amax = 0.0f;
+    for (int64_t d = b0; d < b0 + block; ++d) amax = std::max(amax, std::fabs(x[d]));
+    // as kv_format.py: the scale rounded to float16 first, then x / scale
+    const c10::Half scale16(amax / 127.0f);
+    const float scale = static_cast<float>(scale16);
+    for (int64_t d = b0; d < b0 + block; ++d) {
+      const float q = scale > 0.0f ? std::nearbyint(x[d] / scale) : 0.0f;  // half to even
+      dst[d] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, q)));
+    }
+    std::memcpy(dst + head_dim + 2 * b, &scale16.x, sizeof(scale16.x));
   }
-  std::memcpy(dst + head_dim, &scale, sizeof(scale));
 }
 
 template <typename F8>

@@ -161,8 +161,8 @@ def extend_attention(
             q_req, keys, values, is_causal=True, enable_gqa=True
         )  # [H, n, D]
         return out.transpose(0, 1)
-    prefix_k = gather_rows(k_buf, ext.prefix_index, q.dtype).transpose(0, 1)
-    prefix_v = gather_rows(v_buf, ext.prefix_index, q.dtype).transpose(0, 1)
+    prefix_k = gather_rows(k_buf, ext.prefix_index, q.dtype, q.shape[-1]).transpose(0, 1)
+    prefix_v = gather_rows(v_buf, ext.prefix_index, q.dtype, q.shape[-1]).transpose(0, 1)
     # prefix_k, prefix_v: [Hkv, prefix, D]
     if ext.mask is not None:
         out = F.scaled_dot_product_attention(
@@ -196,8 +196,8 @@ def stored_kv(
     pool.set_kv_buffer(layer_id, fb.out_cache_loc, k, v)
     k_buf, v_buf = pool.get_kv_buffer(layer_id)
     if pool.kv_format.quantized and read_back:
-        k = gather_rows(k_buf, fb.out_cache_loc, k.dtype)
-        v = gather_rows(v_buf, fb.out_cache_loc, v.dtype)
+        k = gather_rows(k_buf, fb.out_cache_loc, k.dtype, k.shape[-1])
+        v = gather_rows(v_buf, fb.out_cache_loc, v.dtype, v.shape[-1])
     return k, v, k_buf, v_buf
 
 
@@ -278,8 +278,8 @@ class TorchNativeAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         """q [Bd, H, D] → [Bd, H, D]: one new token per request over its whole sequence."""
         shape = (q.shape[0], group.max_len, k_buf.shape[1], q.shape[2])
-        keys = gather_rows(k_buf, group.kv_index, q.dtype).view(shape)  # [Bd, L, Hkv, D]
-        values = gather_rows(v_buf, group.kv_index, q.dtype).view(shape)  # [Bd, L, Hkv, D]
+        keys = gather_rows(k_buf, group.kv_index, q.dtype, q.shape[-1]).view(shape)  # [Bd, L, Hkv, D]
+        values = gather_rows(v_buf, group.kv_index, q.dtype, q.shape[-1]).view(shape)  # [Bd, L, Hkv, D]
         keys = keys.transpose(1, 2)  # [Bd, Hkv, L, D]
         values = values.transpose(1, 2)  # [Bd, Hkv, L, D]
         out = F.scaled_dot_product_attention(

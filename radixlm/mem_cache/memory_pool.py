@@ -151,6 +151,12 @@ class TokenToKVPool:
         """How K/V are stored, as the user names it ("bfloat16" for auto in bf16, "int8")."""
         return self.kv_format.name
 
+    def info(self) -> dict[str, int | str]:
+        """What /get_server_info says of the pool: capacity, format, real bytes."""
+        per_token = self.kv_format.bytes_per_token(self.num_layers, self.num_kv_heads)
+        return {"max_total_num_tokens": self.size, "kv_cache_dtype": self.kv_cache_dtype,
+                "kv_bytes_per_token": per_token, "kv_cache_bytes": per_token * (self.size + 1)}
+
     # ---- KV storage ----
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -60,8 +60,9 @@ def _reference(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
     for b in range(lay["rows"].numel()):
         seq, n, start = (int(lay[x][b]) for x in ("seq_lens", "q_lens", "starts"))
         slots = lay["table"][b, :seq]
-        keys = dequantize_rows(k_buf[slots], torch.float64).transpose(0, 1)  # [Hkv, seq, D]
-        values = dequantize_rows(v_buf[slots], torch.float64).transpose(0, 1)
+        keys = dequantize_rows(k_buf[slots], torch.float64, q.shape[-1]).transpose(0, 1)
+        values = dequantize_rows(v_buf[slots], torch.float64, q.shape[-1]).transpose(0, 1)
+        # keys, values: [Hkv, seq, D]
         pos = torch.arange(seq - n, seq)[:, None]
         key_pos = torch.arange(seq)[None, :]
         mask = key_pos <= pos
@@ -83,8 +84,11 @@ def _run(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
 
 def _tolerance(dtype: torch.dtype, kv_dtype: str) -> float:
     # float32 queries: summation order only; bf16 queries: the output's rounding and, at
-    # avx512bf16, K/V and probabilities rounded to bf16 for the CPU's bf16 dot products.
-    return 5e-5 if dtype == torch.float32 else 3e-2
+    # avx512bf16, probabilities rounded to bf16 for the CPU's bf16 dot products, and
+    # quantized K/V too (int8: the rotated queries as well).
+    if dtype == torch.float32:
+        return 5e-5
+    return 3e-2 if kv_dtype == "auto" else 6e-2
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "int8", "fp8_e4m3", "fp8_e5m2"])
@@ -124,8 +128,9 @@ def test_sliding_window(kv_dtype: str, dtype: torch.dtype, window: int, head_dim
         for b, p in enumerate(prefix_lens):
             unseen = lay["table"][b, : max(p - window + 1, 0)]  # before the first row's window
             for buf in poisoned:
-                if buf.dtype == torch.int8:  # the rows' scales
-                    buf[unseen, :, head_dim:] = torch.tensor([float("nan")]).view(torch.int8)
+                if buf.dtype == torch.int8:  # the rows' float16 scales
+                    nan = torch.tensor([float("nan")], dtype=torch.float16).view(torch.int8)
+                    buf[unseen, :, head_dim:] = nan.repeat((buf.shape[-1] - head_dim) // 2)
                 else:
                     buf[unseen] = float("nan")
         q = torch.randn(sum(extend_lens), H, head_dim).to(dtype)
@@ -156,8 +161,9 @@ def test_store_equals_python_quantizer(kv_dtype: str, dtype: torch.dtype) -> Non
         expected = torch.zeros_like(buf)
         expected[loc] = quantize_rows(x, fmt)
         assert torch.equal(buf.view(torch.uint8), expected.view(torch.uint8))
-    back = dequantize_rows(k_buf[loc], torch.float32)
+    back = dequantize_rows(k_buf[loc], torch.float32, head_dim)
     assert back.isfinite().all()
-    if kv_dtype == "int8":  # within half a step of each row's scale
-        step = k.float().abs().amax(-1, keepdim=True) / 127
-        assert ((back - k.float()).abs() <= step / 2 + 1e-6).all()
+    if kv_dtype == "int8":  # every row within 1% (the loud one's block aside)
+        err = (back - k.float()).norm(dim=-1) / k.float().norm(dim=-1).clamp_min(1e-9)
+        err[1, 1] = 0.0
+        assert err.max() < 0.01, err.max()
