@@ -207,6 +207,7 @@ class TokenOut:
     completion_tokens: int
     cached_tokens: int
     forward_steps: int = 0  # forward passes the request took part in
+    cached_tokens_disk: int = 0  # the part of cached_tokens read from the disk tier
     jump_forward_tokens: int = 0  # output tokens that jump-forward appended without sampling
     spec: SpecCounts | None = None  # set when the server decodes speculatively
     # Decoding config, repeated on every message so the detokenizer keeps no

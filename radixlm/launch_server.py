@@ -25,6 +25,9 @@ def serve(ns: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from radixlm.entrypoints.family_defaults import with_family_defaults
+
+    args = with_family_defaults(args)  # before any process: they all read the same args
     if args.node_rank > 0:  # a node that runs TP ranks only (see docs/scaling-out.md)
         from radixlm.distributed.worker import run_worker_node
 

@@ -8,21 +8,26 @@ Two sources:
   TokenizerManager;
 - the scheduler's state, read at scrape time (`update_from_server_info`):
   running, queued and compiling (grammar) requests, KV usage, cache hit
-  rate, generation throughput of the latest decode log line, and the prompt,
+  rate, generation throughput of the latest decode log line, the prompt,
   cached and generated token totals (counters the scheduler keeps, exposed as
-  Prometheus counters).
+  Prometheus counters), SGLang's `realtime_tokens_total` by mode
+  (prefill_compute, prefill_cache, decode), `forward_execution_seconds_total`
+  by category (extend, decode, mixed: the steps' forward passes, grammar masks
+  included) and, with speculative decoding, `spec_accept_length` (tokens kept
+  per verifying forward, the model's own one included) and `spec_accept_rate`.
 
 Every series exists twice, with the same labels and values: `radixlm:<name>`
 and SGLang's `sglang:<name>`, so dashboards and alerts written for SGLang
 (sglang:num_running_reqs, sglang:token_usage, sglang:gen_throughput,
 sglang:time_to_first_token_seconds, sglang:prompt_tokens_total, ...) work
-unchanged. Each `Metrics` has its own registry, so several servers in one
-process (tests) do not collide.
+unchanged; the prefix cache's series per tier (`KVTierCollector`: pool and
+disk) have no SGLang counterpart and exist as `radixlm:` only. Each `Metrics`
+has its own registry, so several servers in one process (tests) do not collide.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -77,6 +82,15 @@ class _SchedulerCollector(Collector):
             ("num_retractions", "Requests retracted to the waiting queue (memory or "
              "priority preemption).", float(info.get("num_retractions") or 0)),
         ]
+        verify_steps = float(info.get("spec_num_verify_steps") or 0)
+        accepted = float(info.get("spec_num_accepted_tokens") or 0)
+        gauges += [
+            ("spec_accept_length", "Tokens kept per verifying forward pass of speculative "
+             "decoding (accepted drafts plus the model's own token); 0 without it.",
+             (accepted + verify_steps) / verify_steps if verify_steps else 0.0),
+            ("spec_accept_rate", "Accepted drafted tokens over drafted tokens.",
+             float(info.get("spec_accept_rate") or 0.0)),
+        ]
         for prefix in PREFIXES:
             for name, doc, value in gauges:
                 g = GaugeMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
@@ -86,6 +100,26 @@ class _SchedulerCollector(Collector):
                 c = CounterMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
                 c.add_metric([self.model_name], value)
                 yield c
+            yield from self._labelled_counters(prefix, prompt, cached)
+
+    def _labelled_counters(self, prefix: str, prompt: float, cached: float
+                           ) -> Iterator[Metric]:
+        info = self.info
+        tokens = CounterMetricFamily(
+            f"{prefix}:realtime_tokens", "Tokens processed. mode: prefill_compute, "
+            "prefill_cache, decode.", labels=["model_name", "mode"])
+        for mode, value in (("prefill_compute", prompt - cached), ("prefill_cache", cached),
+                            ("decode", float(info.get("num_generation_tokens_total") or 0))):
+            tokens.add_metric([self.model_name, mode], max(0.0, value))
+        yield tokens
+        seconds = CounterMetricFamily(
+            f"{prefix}:forward_execution_seconds", "Time spent in forward passes (grammar "
+            "masks included). category: extend, decode, mixed.",
+            labels=["model_name", "category"])
+        for category in ("extend", "decode", "mixed"):
+            value = float(info.get(f"forward_seconds_{category}") or 0.0)
+            seconds.add_metric([self.model_name, category], value)
+        yield seconds
 
 
 class _Twin:
@@ -111,6 +145,7 @@ class Metrics:
         self.model_name = model_name
         self.scheduler = _SchedulerCollector(model_name)
         self.registry.register(self.scheduler)
+        self.registry.register(KVTierCollector(model_name, lambda: self.scheduler.info))
         labels = ["model_name"]
         reg = self.registry
         self.ttft = _Twin(Histogram, "time_to_first_token_seconds",
@@ -153,3 +188,65 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+_DISK_GAUGES = (
+    ("kv_disk_bytes", "kv_disk_bytes", "Bytes of KV blocks on the disk tier."),
+    ("kv_disk_max_bytes", "kv_disk_max_bytes", "The disk tier's byte bound."),
+    ("kv_disk_blocks", "kv_disk_blocks", "KV blocks on the disk tier."),
+    ("kv_disk_pending_blocks", "kv_disk_pending_blocks",
+     "KV blocks copied out of the pool and waiting to be written."),
+)
+_DISK_COUNTERS = (
+    ("kv_disk_spilled_blocks", "kv_disk_written_blocks_total", "KV blocks written to disk."),
+    ("kv_disk_spilled_bytes", "kv_disk_written_bytes_total", "Bytes written to the disk tier."),
+    ("kv_disk_loaded_blocks", "kv_disk_read_blocks_total", "KV blocks read back from disk."),
+    ("kv_disk_loaded_bytes", "kv_disk_read_bytes_total", "Bytes read back from the disk tier."),
+    ("kv_disk_loads", "kv_disk_loads_total", "Prefix reads started for waiting requests."),
+    ("kv_disk_dropped_blocks", "kv_disk_dropped_blocks_total",
+     "KV blocks not written because the write queue was full."),
+    ("kv_disk_evicted_blocks", "kv_disk_evicted_blocks_total",
+     "KV blocks deleted to stay within the byte bound (least recently used)."),
+    ("kv_disk_damaged_blocks", "kv_disk_damaged_blocks_total",
+     "Damaged or partial block files skipped and deleted."),
+    ("kv_disk_write_errors", "kv_disk_write_errors_total", "Block writes that failed."),
+)
+
+
+class KVTierCollector(Collector):
+    """The prefix cache's tiers (the KV pool, and the disk tier of `--kv-cache-dir`),
+    from `info()`, the latest /get_server_info snapshot, under `radixlm:` only (SGLang
+    has no such series):
+
+    - `cache_hit_tokens_total{tier="pool"|"disk"}`: prompt tokens whose KV a request
+      found in that tier at its admission (their sum is `cached_tokens`);
+    - with a disk tier: its size (`kv_disk_bytes`, `kv_disk_max_bytes`,
+      `kv_disk_blocks`, `kv_disk_pending_blocks`), and counters of blocks and bytes
+      spilled (written) and loaded (read), loads started, blocks dropped (write queue
+      full), evicted (LRU) and damaged (skipped), and write errors.
+    """
+
+    def __init__(self, model_name: str, info: Callable[[], dict[str, Any]]) -> None:
+        self.model_name = model_name
+        self.info = info
+
+    def collect(self) -> Iterator[Metric]:
+        info = self.info()
+        cached = float(info.get("num_cached_prompt_tokens_total") or 0)
+        disk = float(info.get("num_cached_prompt_tokens_disk_total") or 0)
+        hits = CounterMetricFamily("radixlm:cache_hit_tokens",
+                                   "Prompt tokens found in the prefix cache, by tier.",
+                                   labels=["model_name", "tier"])
+        hits.add_metric([self.model_name, "pool"], cached - disk)
+        hits.add_metric([self.model_name, "disk"], disk)
+        yield hits
+        if "kv_disk_max_bytes" not in info:
+            return
+        for name, key, doc in _DISK_GAUGES:
+            g = GaugeMetricFamily(f"radixlm:{name}", doc, labels=["model_name"])
+            g.add_metric([self.model_name], float(info.get(key) or 0))
+            yield g
+        for name, key, doc in _DISK_COUNTERS:
+            c = CounterMetricFamily(f"radixlm:{name}", doc, labels=["model_name"])
+            c.add_metric([self.model_name], float(info.get(key) or 0))
+            yield c

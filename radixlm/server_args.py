@@ -86,6 +86,19 @@ class ServerArgs:
                                             "requests' future tokens; 0 admits greedily "
                                             "and relies on retraction.")
     disable_radix_cache: bool = _opt(False, "Disable prefix sharing (a cache with no reuse).")
+    kv_cache_dir: str | None = _opt(
+        None, "Folder of the prefix cache's disk tier (docs/kv-cache.md): prefixes leaving "
+        "the KV pool are kept there and read back instead of computed again, also after a "
+        "restart of the same model. Default: no disk tier.")
+    kv_cache_disk_bytes: int = _opt(8 << 30, "Most bytes the disk tier keeps (least "
+                                    "recently used blocks go first).")
+    kv_cache_disk_block_size: int = _opt(
+        64, "Tokens per disk-tier block (files of one block each; a prefix's last partial "
+        "block is not stored).")
+    kv_cache_disk_write_policy: str = _opt(
+        "write_through", "write_through: every prefix cached in the pool is written to disk "
+        "too (a restart finds it) | write_back: only prefixes evicted from the pool.",
+        choices=["write_through", "write_back"])
     stream_interval: int = _opt(1, "Send streamed tokens every N decode steps.")
     incremental_streaming_output: bool = _opt(
         False, "Native /generate stream events and Engine stream chunks carry only what is "
@@ -116,6 +129,10 @@ class ServerArgs:
         "default: bounded whitespace.")
     constrained_json_disable_any_whitespace: bool = _opt(
         False, "Generate compact JSON with no whitespace between tokens.")
+    constrained_json_unbounded_numbers: bool = _opt(
+        False, "Let JSON-schema integers and numbers without bounds have any number of digits "
+        "(default: integers within int64, numbers with at most 19 digits before the point, "
+        "10 after it and 3 in the exponent; see docs/constrained-decoding.md).")
     disable_jump_forward: bool = _opt(False, "Sample every token, even where the grammar "
                                       "forces the text ahead.")
     grammar_compile_timeout: float = _opt(60.0, "Seconds a grammar may take to compile "
@@ -124,15 +141,32 @@ class ServerArgs:
     # Agents: tool calls and reasoning output
     tool_call_parser: str | None = _opt(
         None, "Tool-call format of the model: hermes (qwen25, qwen) | llama3 | mistral | "
-        "pythonic | generic. Default: detected from the chat template and tokenizer.",
-        choices=["hermes", "qwen25", "qwen", "llama3", "mistral", "pythonic", "generic"])
+        "pythonic | phi4_mini | generic. Default: detected from the chat template and "
+        "tokenizer.",
+        choices=["hermes", "qwen25", "qwen", "llama3", "mistral", "pythonic", "phi4_mini",
+                 "generic"])
     tool_call_constrained: bool = _opt(
         False, "Constrain tool_choice 'auto' too: the parser's start tag triggers a grammar, "
         "so a call the model starts always parses (required and named choices always are).")
+    max_tool_calls_per_turn: int = _opt(
+        16, "Most tool calls in one answer: the tool-call grammar ends the answer after this "
+        "many (1 with parallel_tool_calls false), and an answer that repeats a call it already "
+        "made ends there. 16 is past the widest fan-out agents ask for in one turn and stops a "
+        "looping model within a few hundred tokens.")
     reasoning_parser: str | None = _opt(
         None, "Split a reasoning model's think block into reasoning_content: deepseek-r1 | "
-        "qwen3 | qwen3-thinking. Grammars then start after the block ends.",
+        "qwen3 | qwen3-thinking. Grammars then start after the block ends. Default: chosen "
+        "from the chat template (reasoning/defaults.py): on where it writes <think>.",
         choices=["deepseek-r1", "qwen3", "qwen3-thinking"])
+    max_stored_responses: int = _opt(
+        1024, "Most /v1/responses kept in memory for previous_response_id and GET (store: "
+        "true, the default); the oldest go first.")
+    stored_response_ttl: float = _opt(3600.0, "Seconds a stored /v1/responses response is "
+                                      "kept.")
+    reasoning_budget: int | None = _opt(
+        None, "Default thinking_token_budget (needs --reasoning-parser): once a request has "
+        "spent this many tokens in its think block, the grammar writes the block's end and "
+        "the answer starts; 0 answers at once. Default: no limit.")
 
     # Speculative decoding
     speculative_algorithm: str | None = _opt(
@@ -229,6 +263,17 @@ class ServerArgs:
             raise ValueError("--stream-interval must be at least 1")
         if self.grammar_compile_timeout <= 0:
             raise ValueError("--grammar-compile-timeout must be positive")
+        if self.max_stored_responses < 0 or self.stored_response_ttl <= 0:
+            raise ValueError("--max-stored-responses must be >= 0 and --stored-response-ttl "
+                             "positive")
+        if self.max_tool_calls_per_turn < 1:
+            raise ValueError("--max-tool-calls-per-turn must be at least 1")
+        if self.reasoning_budget is not None:
+            if self.reasoning_budget < 0:
+                raise ValueError("--reasoning-budget must be at least 0")
+            if self.reasoning_parser is None:
+                raise ValueError("--reasoning-budget needs --reasoning-parser (the think "
+                                 "block's tags)")
         if self.max_total_tokens is not None and self.max_total_tokens < 2:
             raise ValueError("--max-total-tokens must be at least 2")
         if self.num_threads is not None and self.num_threads < 1:
@@ -248,6 +293,21 @@ class ServerArgs:
             raise ValueError("--media-fetch-timeout and --max-media-bytes must be positive")
         if self.file_storage_max_bytes < 1:
             raise ValueError("--file-storage-max-bytes must be positive")
+        self._check_kv_cache_disk()
+
+    def _check_kv_cache_disk(self) -> None:
+        if self.kv_cache_disk_bytes < 1:
+            raise ValueError("--kv-cache-disk-bytes must be positive")
+        if not 1 <= self.kv_cache_disk_block_size <= 1 << 16:
+            raise ValueError("--kv-cache-disk-block-size must be in [1, 65536]")
+        if self.kv_cache_disk_write_policy not in ("write_through", "write_back"):
+            raise ValueError("--kv-cache-disk-write-policy must be write_through or write_back")
+        if self.kv_cache_dir is None:
+            return
+        if self.disable_radix_cache:
+            raise ValueError("--kv-cache-dir needs the radix cache (drop --disable-radix-cache)")
+        if self.tp_size > 1:
+            raise ValueError("--kv-cache-dir is not supported with --tp-size > 1 yet")
 
     @property
     def file_storage_dir(self) -> str:

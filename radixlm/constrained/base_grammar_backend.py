@@ -142,16 +142,19 @@ class BaseGrammarBackend(abc.ABC):
         *,
         json_whitespace_pattern: str | None = None,
         json_disable_any_whitespace: bool = False,
+        json_bounded_numbers: bool = True,
     ) -> None:
         """tokenizer: a transformers fast tokenizer; vocab_size: the model's logits width
         (may exceed the tokenizer's size); json_whitespace_pattern: a regex for whitespace
         between JSON tokens (outlines and llguidance; xgrammar ignores it);
-        json_disable_any_whitespace: compact JSON with no whitespace at all."""
+        json_disable_any_whitespace: compact JSON with no whitespace at all;
+        json_bounded_numbers: JSON numbers with bounded digits (json_bounds.py)."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.json_whitespace_pattern = json_whitespace_pattern
         self.json_disable_any_whitespace = json_disable_any_whitespace
+        self.json_bounded_numbers = json_bounded_numbers
 
     def compile(self, kind: str, text: str) -> BaseGrammarObject:
         """Compile `text` as a `kind` grammar; raises GrammarError on bad input or a kind
@@ -206,7 +209,8 @@ def create_grammar_backend(
 ) -> BaseGrammarBackend:
     """Build the named backend ("xgrammar" | "outlines" | "llguidance").
 
-    options: json_whitespace_pattern, json_disable_any_whitespace (see BaseGrammarBackend).
+    options: json_whitespace_pattern, json_disable_any_whitespace, json_bounded_numbers
+    (see BaseGrammarBackend).
     """
     if name not in GRAMMAR_BACKENDS:
         raise ValueError(

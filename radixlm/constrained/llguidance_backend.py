@@ -3,7 +3,7 @@
 Regexes, JSON schemas, EBNF (Lark or GBNF syntax) and structural tags are all
 supported. JSON is written on one line with json.dumps' separators (", " and
 ": ") by default, compact with --constrained-json-disable-any-whitespace, or
-with a given whitespace pattern.
+with a given whitespace pattern; its numbers are bounded (json_bounds.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from radixlm.constrained.base_grammar_backend import (
     BaseGrammarObject,
     GrammarError,
 )
+from radixlm.constrained.json_bounds import bound_schema
 
 
 class LLGuidanceGrammarObject(BaseGrammarObject):
@@ -104,6 +105,8 @@ class LLGuidanceBackend(BaseGrammarBackend):
         if kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(text)
         if kind == "json_schema":
+            if self.json_bounded_numbers:
+                text = json.dumps(bound_schema(json.loads(text), "llguidance"))
             return llguidance.LLMatcher.grammar_from_json_schema(
                 text,
                 defaults=self.json_options(),  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """outlines-core backend: a token-level DFA (Index) built from a regex.
 
 JSON schemas become a regex (outlines_core.json_schema) with bounded
-whitespace; EBNF and structural tags are not supported (a regular language
+whitespace and numbers (json_bounds.py); EBNF and structural tags are not supported (a regular language
 cannot express them).
 
 Jump-forward (the compressed FSM): outlines-core exposes only the token-level
@@ -26,6 +26,7 @@ from radixlm.constrained.base_grammar_backend import (
     BaseGrammarObject,
     GrammarError,
 )
+from radixlm.constrained.json_bounds import bound_outlines_regex
 from radixlm.sampling.sampling_params import GRAMMAR_BACKEND_KINDS
 
 # NOTE: compact JSON by default: outlines-core puts one whitespace pattern between every
@@ -213,7 +214,8 @@ class OutlinesBackend(BaseGrammarBackend):
             whitespace = ""
         elif whitespace is None:
             whitespace = DEFAULT_JSON_WHITESPACE
-        return build_regex_from_schema(text, whitespace_pattern=whitespace)
+        regex = build_regex_from_schema(text, whitespace_pattern=whitespace)
+        return bound_outlines_regex(regex) if self.json_bounded_numbers else regex
 
     def _compile(self, kind: str, text: str) -> OutlinesGrammarObject:
         regex = self.json_schema_to_regex(text) if kind == "json_schema" else strip_anchors(text)

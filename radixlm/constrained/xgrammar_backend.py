@@ -15,6 +15,7 @@ from radixlm.constrained.base_grammar_backend import (
     BaseGrammarObject,
     GrammarError,
 )
+from radixlm.constrained.json_bounds import xgrammar_json_ebnf
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +78,13 @@ class XGrammarBackend(BaseGrammarBackend):
         return XGrammarObject(compiled)
 
     def _compile_json_schema(self, text: str) -> xgr.CompiledGrammar:
-        if self.json_disable_any_whitespace:
+        separators = (",", ":") if self.json_disable_any_whitespace else DEFAULT_JSON_SEPARATORS
+        if not self.json_bounded_numbers:
             return self.compiler.compile_json_schema(
-                text, any_whitespace=False, separators=(",", ":")
+                text, any_whitespace=False, separators=separators
             )
-        return self.compiler.compile_json_schema(
-            text, any_whitespace=False, separators=DEFAULT_JSON_SEPARATORS
-        )
+        # Numbers with bounded digits (json_bounds.py): xgrammar's EBNF, rewritten.
+        return self.compiler.compile_grammar(xgrammar_json_ebnf(text, separators, bounded=True))
 
     def _compile_structural_tag(self, text: str) -> xgr.CompiledGrammar:
         spec = json.loads(text)

@@ -25,8 +25,11 @@ logger = logging.getLogger(__name__)
 _TP_RANK = 0
 _TP_SIZE = 1
 
-# Architectures whose layers are tensor-parallel (models/llama.py).
-TP_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
+# Architectures whose layers are tensor-parallel (the decoder families of models/decoder.py).
+TP_ARCHITECTURES = frozenset({
+    "LlamaForCausalLM", "MistralForCausalLM", "MinistralForCausalLM", "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
+    "SmolLM3ForCausalLM"})
 
 
 @dataclass(frozen=True)
@@ -91,10 +94,12 @@ def check_tp_layout(config: Any, tp_size: int) -> None:
     num_heads = int(text.num_attention_heads)
     num_kv_heads = int(getattr(text, "num_key_value_heads", None) or num_heads)
     inter = int(text.intermediate_size)
+    # A mixture of experts splits each expert's MLP too.
+    moe_inter = int(getattr(text, "moe_intermediate_size", None) or inter)
 
     def fits(n: int) -> bool:
         kv_ok = num_kv_heads % n == 0 or n % num_kv_heads == 0
-        return num_heads % n == 0 and inter % n == 0 and kv_ok
+        return num_heads % n == 0 and inter % n == 0 and moe_inter % n == 0 and kv_ok
 
     if not fits(tp_size):
         sizes = [n for n in range(1, num_heads + 1) if fits(n)]

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from radixlm.entrypoints.child_process import ChildProcess
+from radixlm.entrypoints.family_defaults import with_family_defaults
 from radixlm.entrypoints.launch import launch_children, make_is_alive, stop_children
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.generate_output import SampleDicts, final_dict, token_only
@@ -41,7 +42,7 @@ T = TypeVar("T")
 
 class Engine:
     def __init__(self, server_args: ServerArgs | None = None, **kwargs: Any) -> None:
-        self.server_args = server_args or ServerArgs(**kwargs)
+        self.server_args = with_family_defaults(server_args or ServerArgs(**kwargs))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="radixlm-engine-loop")
@@ -60,8 +61,15 @@ class Engine:
     async def _start(self, model_dir: str) -> TokenizerManager:
         assert self._ports is not None
         tm = TokenizerManager(self.server_args, model_dir, self._ports)
-        tm.start(make_is_alive(self._procs))
-        await tm.wait_ready(timeout=600)
+        try:
+            tm.start(make_is_alive(self._procs))
+            await tm.wait_ready(timeout=600)
+        except BaseException:
+            # NOTE: a failed start closes its sockets here (linger 0) and terminates its
+            # context: left to the garbage collector, the context's term() would block
+            # the next Engine's thread for good on these still-open sockets.
+            tm.close()
+            raise
         return tm
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:

@@ -31,7 +31,10 @@ from fastapi import FastAPI
 
 from radixlm import __version__
 from radixlm.entrypoints import control_api, native_api, playground, sglang_api
+from radixlm.entrypoints.anthropic import serving as anthropic_api
+from radixlm.entrypoints.error_shapes import ErrorShapeMiddleware
 from radixlm.entrypoints.middleware import install_middleware
+from radixlm.entrypoints.ollama import api as ollama_api
 from radixlm.entrypoints.openai import api as openai_api
 from radixlm.entrypoints.openai import batch_api
 from radixlm.entrypoints.openai.batch_api import run_in_process
@@ -60,11 +63,15 @@ class ProcessRuntime:
     @classmethod
     async def start(cls, args: ServerArgs) -> ProcessRuntime:
         from radixlm.entrypoints.launch import make_is_alive, start_children, stop_children
+        from radixlm.layers.cpu_kernels import prepare_cpu_kernels
         from radixlm.model_loader.default_model import resolve_model_dir
         from radixlm.tokenizer.tokenizer_manager import TokenizerManager
         from radixlm.tokenizer_utils import load_tokenizer
 
         model_dir = await asyncio.to_thread(resolve_model_dir, args.model_path)  # GGUF: slow
+        # A kernel build (a CPU the install does not cover) happens here, logged as it
+        # goes, not under the scheduler's STARTUP_TIMEOUT.
+        await asyncio.to_thread(prepare_cpu_kernels, args.device)
         ports, procs = start_children(args, model_dir)  # on the main thread: see launch.py
         try:
             tokenizer = (None if args.skip_tokenizer_init else
@@ -112,12 +119,15 @@ def create_app(args: ServerArgs, start_runtime: RuntimeStarter | None = None) ->
     app.state.files = files
     install_error_handlers(app)
     install_middleware(app, args.api_key, args.max_request_bytes)
-    install_cross_site_protection(app, args)  # outermost: before the key and size checks
+    install_cross_site_protection(app, args)  # before the key and size checks
+    app.add_middleware(ErrorShapeMiddleware)  # outermost: Anthropic's and Ollama's error bodies
     app.include_router(native_api.router)
     app.include_router(control_api.router)
     app.include_router(openai_api.router)
     app.include_router(batch_api.router)
     app.include_router(sglang_api.router)
+    app.include_router(anthropic_api.router)
+    app.include_router(ollama_api.router)
     app.include_router(playground.router)
     return app
 

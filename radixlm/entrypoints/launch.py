@@ -38,10 +38,13 @@ def child_env(args: ServerArgs, spin: bool = False) -> dict[str, str]:
 
 
 def launch_children(args: ServerArgs) -> tuple[str, PortArgs, list[ChildProcess]]:
-    """Resolve the model folder (converting a GGUF once) and start the children."""
+    """Resolve the model folder (converting a GGUF once), have the CPU kernels ready
+    (a build, where one is needed, under no start-up timeout) and start the children."""
+    from radixlm.layers.cpu_kernels import prepare_cpu_kernels
     from radixlm.model_loader.default_model import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model_path)
+    prepare_cpu_kernels(args.device)
     ports, procs = start_children(args, model_dir)
     return model_dir, ports, procs
 

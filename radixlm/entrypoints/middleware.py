@@ -38,11 +38,13 @@ def header(scope: Scope, name: bytes) -> bytes | None:
 
 
 class APIKeyMiddleware:
-    """Every route but PUBLIC_PATHS and the playground needs `Authorization: Bearer <api_key>`."""
+    """Every route but PUBLIC_PATHS and the playground needs `Authorization: Bearer <api_key>`
+    (or `x-api-key: <api_key>`, the header Anthropic's clients send)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.expected_key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
@@ -50,9 +52,15 @@ class APIKeyMiddleware:
             await self.app(scope, receive, send)
             return
         got = header(scope, b"authorization") or b""
-        if not hmac.compare_digest(got, self.expected):
-            reason = "Missing" if not got else "Invalid"
-            await send_error(send, 401, f"{reason} API key: send 'Authorization: Bearer <key>'")
+        key = header(scope, b"x-api-key")
+        if key is not None and not got:
+            ok = hmac.compare_digest(key, self.expected_key)
+        else:
+            ok = hmac.compare_digest(got, self.expected)
+        if not ok:
+            reason = "Missing" if not got and key is None else "Invalid"
+            await send_error(send, 401, f"{reason} API key: send 'Authorization: Bearer <key>' "
+                                        "or 'x-api-key: <key>'")
             return
         await self.app(scope, receive, send)
 

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from radixlm.chat_template import ChatTemplate, load_chat_template, resolve_chat_template
 from radixlm.entrypoints.openai.agents import AgentSettings, choose_agent_settings
 from radixlm.entrypoints.openai.errors import APIError
+from radixlm.entrypoints.openai.response_store import ResponseStore
 from radixlm.metrics import Metrics
 from radixlm.server_args import ServerArgs
 
@@ -49,6 +50,7 @@ class ServerState:
         self.chat_template: ChatTemplate | None = None
         self.agents: AgentSettings | None = None  # tool and reasoning parsers, once ready
         self.metrics = Metrics(self.model_name) if args.enable_metrics else None
+        self.responses = ResponseStore(args.max_stored_responses, args.stored_response_ttl)
         self.runtime: Runtime | None = None
         self.tm: Any = None
         self.ready = False

@@ -119,6 +119,8 @@ async def score(request: Request) -> Response:
     if sum(len(ls) for ls in labels) > MAX_SCORE_ROWS:
         raise APIError(f"At most {MAX_SCORE_ROWS} item x label pairs per request",
                        param="label_token_ids")
+    if not prompts:  # no items: nothing to score (as SGLang answers)
+        return JSONResponse(_score_body(req, state.model_name, [], [], 0))
     prompt_ids = [p if isinstance(p, list) else await tm.tokenizer_workers.encode(p)
                   for p in prompts]
     if any(not ids for ids in prompt_ids):
@@ -142,12 +144,16 @@ async def score(request: Request) -> Response:
         scores.append(_scores(lps, req.apply_softmax, req.temperature))
         token_logprobs.append(lps)
     num_prompt = sum(len(ids) for ids in prompt_ids)
-    body: dict[str, Any] = {
+    return JSONResponse(_score_body(req, state.model_name, scores, token_logprobs, num_prompt))
+
+
+def _score_body(req: ScoringRequest, model_name: str, scores: list[list[float]],
+                token_logprobs: list[list[float]], num_prompt: int) -> dict[str, Any]:
+    return {
         "scores": scores,
         "token_logprobs": token_logprobs if req.return_token_logprobs else None,
-        "model": req.model or state.model_name,
+        "model": req.model or model_name,
         "usage": {"prompt_tokens": num_prompt, "completion_tokens": 0,
                   "total_tokens": num_prompt},
         "object": "scoring",
     }
-    return JSONResponse(body)

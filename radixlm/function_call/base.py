@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from radixlm.function_call.constraint import GrammarConstraint, render_constraint
-from radixlm.function_call.grammar_ir import Node, alt, repeat
+from radixlm.function_call.grammar_ir import Lit, Node, Tag, alt, repeat, seq
 from radixlm.function_call.stream import BlockFormat, ToolCallStream
 from radixlm.function_call.types import (
     ParseResult,
@@ -56,11 +56,14 @@ class ToolParser(BlockFormat, abc.ABC):
             None if tools is None else frozenset(t.name for t in self.tools)
         )
 
-    def parse(self, text: str) -> ParseResult:
-        """Split a whole output into content and calls."""
+    def parse(self, text: str, cut: bool = False) -> ParseResult:
+        """Split a whole output into content and calls.
+
+        cut: the output was cut off (max_tokens): a call left unfinished is dropped, not
+        returned as content (see ToolCallStream.finish)."""
         stream = ToolCallStream(self, lookahead=True)
         stream.feed(text)
-        stream.finish()
+        stream.finish(cut=cut)
         return stream.result()
 
     def stream(self, id_factory: Callable[[], str] = new_call_id) -> ToolCallStream:
@@ -78,33 +81,38 @@ class ToolParser(BlockFormat, abc.ABC):
         choice: ToolChoice,
         *,
         parallel_tool_calls: bool = True,
+        max_calls: int | None = None,
         backend: str = "xgrammar",
         marker_token_ids: Mapping[str, int] | None = None,
+        bounded_numbers: bool = True,
     ) -> GrammarConstraint:
         """The grammar that enforces `choice` for `tools` on `backend`.
 
-        required: one or more calls (exactly one when parallel_tool_calls is False) and
-        nothing else; named: exactly one call of that function; auto: free text in which
-        the format's start marker must begin a valid call (ToolConstraintError where the
-        format has no such marker or the backend cannot express it). Raises
-        ToolConstraintError for "none" and for a backend that cannot express the grammar.
+        required: one or more calls (at most max_calls; exactly one when
+        parallel_tool_calls is False) and nothing else; named: exactly one call of that
+        function; auto: free text in which the format's start marker must begin a valid
+        call, after which only calls follow, as many as required allows
+        (ToolConstraintError where the format has no such marker or the backend cannot
+        express it). After each call the grammar may end. Raises ToolConstraintError for
+        "none" and for a backend that cannot express the grammar.
         marker_token_ids: `marker_token_ids(parser, tokenizer)`, computed once per tokenizer.
+        bounded_numbers: JSON numbers with bounded digits (constrained/json_bounds.py).
         """
         allowed = choice.allowed_tools(tools)
         if not allowed:
             raise ToolConstraintError(f"tool_choice {choice.mode!r} leaves no tool to constrain")
-        max_calls = None if parallel_tool_calls else 1
+        limit = max_calls if parallel_tool_calls else 1
         if choice.mode == "named":
             node = self.calls_grammar(allowed, 1)
         elif choice.mode == "required":
-            node = self.calls_grammar(allowed, max_calls)
+            node = self.calls_grammar(allowed, limit)
         else:
             if not self.supports_trigger:
                 raise ToolConstraintError(
                     f"The {self.name} tool-call format has no start marker to trigger a grammar on"
                 )
-            node = self.auto_grammar(allowed, parallel_tool_calls)
-        return render_constraint(node, backend, marker_token_ids)
+            node = self.auto_grammar(allowed, limit)
+        return render_constraint(node, backend, marker_token_ids, bounded_numbers)
 
     @abc.abstractmethod
     def call_grammar(self, tool: ToolSpec) -> Node:
@@ -115,14 +123,29 @@ class ToolParser(BlockFormat, abc.ABC):
         """The whole output: one or more calls (at most max_calls), nothing else."""
 
     @abc.abstractmethod
-    def auto_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> Node:
-        """The whole output: free text, with calls where the start marker appears."""
+    def auto_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
+        """The whole output: free text until the start marker, then one or more calls (at
+        most max_calls; None: unbounded) and nothing else."""
 
     def _any_call(self, tools: Sequence[ToolSpec]) -> Node:
         return alt(*(self.call_grammar(tool) for tool in tools))
 
     def _call_list(self, tools: Sequence[ToolSpec], sep: str, max_calls: int | None) -> Node:
         return repeat(self._any_call(tools), sep, 1, max_calls)
+
+    @staticmethod
+    def _chained_tag(tag: Tag, opens: Node, sep: str, max_calls: int | None) -> Tag:
+        """The first call's tag, holding the calls after it: `tag.content`, then up to
+        max_calls - 1 times `tag.end + sep` and another call's opening (`opens`: a call
+        without its end, which every call shares), then `tag.end`.
+
+        NOTE: the end stays the tag's own (xgrammar wants a non-empty end after content
+        that may repeat without bound)."""
+        if max_calls == 1:
+            return tag
+        more = None if max_calls is None else max_calls - 1
+        chained = seq(tag.content, repeat(seq(Lit(tag.end + sep), opens), "", 0, more))
+        return Tag(tag.begin, chained, tag.end)
 
 
 def marker_token_ids(parser: ToolParser, tokenizer: Any) -> dict[str, int]:
@@ -145,6 +168,7 @@ TOOL_PARSERS: dict[str, str | type[ToolParser]] = {
     "mistral": "radixlm.function_call.mistral:MistralParser",
     "pythonic": "radixlm.function_call.pythonic:PythonicParser",
     "generic": "radixlm.function_call.generic:GenericParser",
+    "phi4_mini": "radixlm.function_call.phi4_mini:Phi4MiniParser",
 }
 
 

@@ -8,10 +8,11 @@
   arguments configurable: Llama writes "parameters"), in either key order.
 - `CallArrayReader`: `[call, call, ...]`.
 
-Readers append `CallStart` / `CallArgs` events to a shared list. A call starts
-(its first event) only once its name is known and valid and its arguments have
-begun as an object (or the object closed without them), so most malformed
-calls fail before anything of them was emitted.
+Readers append `CallStart` / `CallArgs` / `CallEnd` events to a shared list. A
+call starts (its first event) only once its name is known and valid and its
+arguments have begun as an object (or the object closed without them), so most
+malformed calls fail before anything of them was emitted; `CallEnd` follows
+once the call is complete (its object closed).
 """
 
 from __future__ import annotations
@@ -35,11 +36,15 @@ class CallArgs(NamedTuple):
     text: str
 
 
+class CallEnd(NamedTuple):
+    """The call started last is complete."""
+
+
 class Content(NamedTuple):
     text: str
 
 
-Event = CallStart | CallArgs | Content
+Event = CallStart | CallArgs | CallEnd | Content
 
 
 def escape_control(ch: str) -> str:
@@ -285,6 +290,7 @@ class CallObjectReader:
             self._args_text = "{}"
         self._phase = _Phase.DONE
         self._maybe_start()
+        self._events.append(CallEnd())
         return Step.DONE
 
     def _maybe_start(self) -> None:

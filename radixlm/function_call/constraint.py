@@ -14,6 +14,9 @@ The result is a `GrammarConstraint(kind, text)`: the sampling parameter to set
   free text with triggers (tool_choice auto) cannot be expressed.
 
 A tree that is one Json node becomes the `json_schema` kind on every backend.
+NOTE: the grammar libraries are imported where used (this runs in the HTTP
+process, which must not wait for them at start-up). JSON numbers are bounded as the backends bound them for json_schema
+(constrained/json_bounds.py) unless `bounded_numbers` is False.
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from radixlm.constrained.json_bounds import (
+    bound_outlines_regex,
+    bound_schema,
+    xgrammar_json_ebnf,
+)
 from radixlm.function_call.grammar_ir import (
     Alt,
     Json,
@@ -51,7 +59,8 @@ class GrammarConstraint(NamedTuple):
 
 
 def render_constraint(
-    node: Node, backend: str, marker_token_ids: Mapping[str, int] | None = None
+    node: Node, backend: str, marker_token_ids: Mapping[str, int] | None = None,
+    bounded_numbers: bool = True,
 ) -> GrammarConstraint:
     """The constraint for `node` on the named grammar backend; ToolConstraintError if that
     backend cannot express it.
@@ -66,12 +75,13 @@ def render_constraint(
             raise ToolConstraintError("Tool-call constraints need a grammar backend (not 'none')")
         return GrammarConstraint("json_schema", node.schema_json)
     if backend == "xgrammar":
-        tag = {"type": "structural_tag", "format": _XGrammar().format(node)}
+        tag = {"type": "structural_tag", "format": _XGrammar(bounded_numbers).format(node)}
         return GrammarConstraint("structural_tag", json.dumps(tag, ensure_ascii=False))
     if backend == "llguidance":
-        return GrammarConstraint("ebnf", _Lark(marker_token_ids or {}).grammar(node))
+        lark = _Lark(marker_token_ids or {}, bounded_numbers)
+        return GrammarConstraint("ebnf", lark.grammar(node))
     if backend == "outlines":
-        return GrammarConstraint("regex", _regex(node))
+        return GrammarConstraint("regex", _regex(node, bounded_numbers))
     raise ToolConstraintError(
         f"The {backend} grammar backend cannot constrain tool calls of this format"
     )
@@ -81,8 +91,9 @@ def render_constraint(
 
 
 class _XGrammar:
-    def __init__(self) -> None:
+    def __init__(self, bounded_numbers: bool) -> None:
         self._json_cache: dict[str, str] = {}
+        self._bounded = bounded_numbers
 
     def format(self, node: Node) -> dict[str, Any]:
         if isinstance(node, Lit):
@@ -124,15 +135,11 @@ class _XGrammar:
 
     def _json_ebnf(self, schema_json: str) -> str:
         if schema_json not in self._json_cache:
-            import xgrammar as xgr
-
             try:
-                grammar = xgr.Grammar.from_json_schema(
-                    schema_json, any_whitespace=False, separators=JSON_SEPARATORS
-                )
+                ebnf = xgrammar_json_ebnf(schema_json, JSON_SEPARATORS, self._bounded)
             except Exception as e:  # xgrammar raises RuntimeError / ValueError on bad schemas
                 raise ToolConstraintError(f"Cannot build a grammar for the tool schema: {e}") from e
-            self._json_cache[schema_json] = str(grammar)
+            self._json_cache[schema_json] = ebnf
         return self._json_cache[schema_json]
 
 
@@ -140,8 +147,9 @@ class _XGrammar:
 
 
 class _Lark:
-    def __init__(self, special: Mapping[str, int]) -> None:
+    def __init__(self, special: Mapping[str, int], bounded_numbers: bool) -> None:
         self._special = dict(special)
+        self._bounded = bounded_numbers
         self._split = (
             re.compile("(" + "|".join(re.escape(m) for m in sorted(special, key=len, reverse=True)) + ")")
             if special else None
@@ -171,7 +179,7 @@ class _Lark:
             return "/" + node.pattern.replace("/", "\\/") + "/"
         if isinstance(node, Json):
             name = self._new_name("json")
-            schema = node.schema
+            schema = bound_schema(node.schema, "llguidance") if self._bounded else node.schema
             guidance = {"whitespace_flexible": False, "item_separator": JSON_SEPARATORS[0],
                         "key_separator": JSON_SEPARATORS[1]}
             schema["x-guidance"] = guidance
@@ -236,7 +244,7 @@ def _tag_body(tag: Tag, skip: int) -> Node:
 # -- outlines (regex) -------------------------------------------------------------------------
 
 
-def _regex(node: Node) -> str:
+def _regex(node: Node, bounded: bool) -> str:
     if isinstance(node, Lit):
         return _regex_escape(node.text)
     if isinstance(node, Regex):
@@ -245,17 +253,18 @@ def _regex(node: Node) -> str:
         from outlines_core.json_schema import build_regex_from_schema
 
         try:
-            return f"(?:{build_regex_from_schema(node.schema_json, whitespace_pattern='')})"
+            regex = build_regex_from_schema(node.schema_json, whitespace_pattern="")
         except Exception as e:  # outlines-core raises ValueError / its own errors
             raise ToolConstraintError(f"outlines cannot express the tool schema: {e}") from e
+        return f"(?:{bound_outlines_regex(regex) if bounded else regex})"
     if isinstance(node, Seq):
-        return "".join(_regex(n) for n in node.items)
+        return "".join(_regex(n, bounded) for n in node.items)
     if isinstance(node, Alt):
-        return "(?:" + "|".join(_regex(n) for n in node.items) + ")"
+        return "(?:" + "|".join(_regex(n, bounded) for n in node.items) + ")"
     if isinstance(node, Opt):
-        return f"(?:{_regex(node.item)})?"
+        return f"(?:{_regex(node.item, bounded)})?"
     if isinstance(node, Repeat):
-        item = _regex(node.item)
+        item = _regex(node.item, bounded)
         tail = f"(?:{_regex_escape(node.sep)}{item})" if node.sep else f"(?:{item})"
         low = node.min_items - 1
         high = "" if node.max_items is None else str(node.max_items - 1)

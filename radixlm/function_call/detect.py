@@ -29,6 +29,7 @@ _TEMPLATE_MARKERS: tuple[tuple[str, str], ...] = (
     ("[func_name1(", "pythonic"),
     ("<|python_tag|>", "llama3"),
     ('"parameters": dictionary of argument name', "llama3"),
+    ("<|tool|>", "phi4_mini"),  # Phi-4-mini: tools in the system message's `tools` field
 )
 _SPECIAL_TOKENS: tuple[tuple[str, str], ...] = (
     ("<tool_call>", "hermes"),

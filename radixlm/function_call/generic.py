@@ -10,6 +10,11 @@ generic_prompt.py) and the whole answer is one JSON object,
 "tool_calls"). The model was never trained on this, so the grammar is what
 makes it work: tool_choice auto is constrained too (an answer is either form),
 and on every backend (it is a JSON schema).
+
+A tool whose parameters use `$ref` (nested pydantic models: `$defs`, or
+`definitions`) sits whole under the wrapper's own `$defs`, named after the
+tool, with its references rewritten to that place (schema_refs.py), so they
+resolve against the tool's own definitions and not against the wrapper.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from radixlm.function_call.call_object import (
 )
 from radixlm.function_call.grammar_ir import Json, Node
 from radixlm.function_call.json_scan import JsonStringDecoder, Step
+from radixlm.function_call.schema_refs import escape_pointer_token, has_local_ref, relocate
 from radixlm.function_call.stream import Block
 from radixlm.function_call.types import ToolCall, ToolSpec
 
@@ -151,19 +157,37 @@ class GenericParser(ToolParser):
         return "{" + ", ".join(parts) + "}"
 
     @staticmethod
-    def call_schema(tool: ToolSpec) -> dict[str, Any]:
+    def _arguments(tool: ToolSpec, defs: dict[str, Any]) -> dict[str, Any]:
+        """The schema of the call's "arguments"; a tool with references is put under
+        `defs` (the wrapper's root $defs) and referred to."""
+        schema = dict(tool.object_schema)
+        if not has_local_ref(schema):
+            return schema
+        pointer = "/$defs/" + escape_pointer_token(tool.name)
+        defs[tool.name] = relocate(schema, pointer)
+        return {"$ref": "#" + pointer}
+
+    @classmethod
+    def _call_object(cls, tool: ToolSpec, defs: dict[str, Any]) -> dict[str, Any]:
         return {
             "type": "object",
             "properties": {
                 "name": {"type": "string", "const": tool.name},
-                "arguments": dict(tool.object_schema),
+                "arguments": cls._arguments(tool, defs),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
 
-    def _calls_schema(self, tools: Sequence[ToolSpec], max_calls: int | None) -> dict[str, Any]:
-        schemas = [self.call_schema(tool) for tool in tools]
+    @classmethod
+    def call_schema(cls, tool: ToolSpec) -> dict[str, Any]:
+        """One call object `{"name": ..., "arguments": {...}}` as a whole schema."""
+        defs: dict[str, Any] = {}
+        return _with_defs(cls._call_object(tool, defs), defs)
+
+    def _calls_object(self, tools: Sequence[ToolSpec], max_calls: int | None,
+                      defs: dict[str, Any]) -> dict[str, Any]:
+        schemas = [self._call_object(tool, defs) for tool in tools]
         array: dict[str, Any] = {
             "type": "array",
             "items": schemas[0] if len(schemas) == 1 else {"anyOf": schemas},
@@ -182,14 +206,20 @@ class GenericParser(ToolParser):
         return Json.of(self.call_schema(tool))
 
     def calls_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
-        return Json.of(self._calls_schema(tools, max_calls))
+        defs: dict[str, Any] = {}
+        return Json.of(_with_defs(self._calls_object(tools, max_calls, defs), defs))
 
-    def auto_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> Node:
+    def auto_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
         content = {
             "type": "object",
             "properties": {"content": {"type": "string"}},
             "required": ["content"],
             "additionalProperties": False,
         }
-        calls = self._calls_schema(tools, None if parallel else 1)
-        return Json.of({"anyOf": [calls, content]})
+        defs: dict[str, Any] = {}
+        calls = self._calls_object(tools, max_calls, defs)
+        return Json.of(_with_defs({"anyOf": [calls, content]}, defs))
+
+
+def _with_defs(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    return {"$defs": defs, **schema} if defs else schema

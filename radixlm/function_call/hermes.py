@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from radixlm.function_call.base import ToolParser
 from radixlm.function_call.call_object import WHITESPACE, CallObjectReader
-from radixlm.function_call.grammar_ir import Json, Lit, Node, Tag, Triggered, seq
+from radixlm.function_call.grammar_ir import Json, Lit, Node, Tag, Triggered, alt, seq
 from radixlm.function_call.json_scan import Step
 from radixlm.function_call.stream import Block
 from radixlm.function_call.types import ToolCall, ToolSpec
@@ -74,6 +74,8 @@ class HermesParser(ToolParser):
     def calls_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
         return self._call_list(tools, "\n", max_calls)
 
-    def auto_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> Node:
-        tags = tuple(self._tag(tool) for tool in tools)
-        return Triggered((START,), tags, stop_after_first=not parallel)
+    def auto_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
+        # The first call's tag holds the calls after it: at most max_calls in all.
+        opens = alt(*(seq(Lit(t.begin), t.content) for t in map(self._tag, tools)))
+        tags = tuple(self._chained_tag(self._tag(tool), opens, "\n", max_calls) for tool in tools)
+        return Triggered((START,), tags, stop_after_first=True)

@@ -93,12 +93,15 @@ class Llama3Parser(ToolParser):
     def calls_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
         return self._call_list(tools, SEPARATOR, max_calls)
 
-    def auto_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> Node:
+    def auto_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
         # Either the output is calls (it starts with "{"), or it is text that does not start
         # with "{" (nor with whitespace, which could precede one), where <|python_tag|>
-        # must begin a call.
+        # must begin the calls.
+        opens = alt(*(seq(Lit(self._begin(t)), Json.of(t.object_schema)) for t in tools))
         tags = tuple(
-            Tag(PYTHON_TAG + self._begin(tool), Json.of(tool.object_schema), "}") for tool in tools
+            self._chained_tag(Tag(PYTHON_TAG + self._begin(tool), Json.of(tool.object_schema), "}"),
+                              opens, SEPARATOR, max_calls)
+            for tool in tools
         )
         text = seq(Regex("[^{ \\t\\n\\r]"), Triggered((PYTHON_TAG,), tags, stop_after_first=True))
-        return alt(self.calls_grammar(tools, None if parallel else 1), text)
+        return alt(self.calls_grammar(tools, max_calls), text)

@@ -21,6 +21,7 @@ from radixlm.function_call.call_object import (
     ArgumentsReader,
     CallArgs,
     CallArrayReader,
+    CallEnd,
     CallStart,
 )
 from radixlm.function_call.grammar_ir import Json, Lit, Node, Tag, Triggered, seq
@@ -106,6 +107,8 @@ class MistralBlock(Block):
         new = self._args.take()
         if new:
             self.events.append(CallArgs(new))
+        if step is Step.DONE:
+            self.events.append(CallEnd())
         return step
 
     def finish(self) -> bool:
@@ -138,7 +141,7 @@ class MistralParser(ToolParser):
     def calls_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
         return seq(Lit(f"{TOOL_CALLS} ["), self._call_list(tools, ", ", max_calls), Lit("]"))
 
-    def auto_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> Node:
-        calls = self._call_list(tools, ", ", None if parallel else 1)
+    def auto_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
+        calls = self._call_list(tools, ", ", max_calls)
         tag = Tag(f"{TOOL_CALLS} [", calls, "]")
         return Triggered((TOOL_CALLS,), (tag,), stop_after_first=True)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixlm.function_call.base import ToolParser
-from radixlm.function_call.call_object import WHITESPACE, CallArgs, CallStart
+from radixlm.function_call.call_object import WHITESPACE, CallArgs, CallEnd, CallStart
 from radixlm.function_call.grammar_ir import Lit, Node, Tag, Triggered, seq
 from radixlm.function_call.json_scan import Step
 from radixlm.function_call.pythonic_schema import kwargs_grammar, py_literal
@@ -123,6 +123,7 @@ class PythonicBlock(Block):
             return Step.FAIL
         self.events.append(CallStart(self._name))
         self.events.append(CallArgs(arguments))
+        self.events.append(CallEnd())
         self._phase = _Phase.AFTER_CALL
         return Step.MORE
 
@@ -218,6 +219,6 @@ class PythonicParser(ToolParser):
     def calls_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
         return seq(Lit("["), self._call_list(tools, ", ", max_calls), Lit("]"))
 
-    def auto_grammar(self, tools: Sequence[ToolSpec], parallel: bool) -> Node:
-        calls = self._call_list(tools, ", ", None if parallel else 1)
-        return Triggered(("[",), (Tag("[", calls, "]"),), stop_after_first=not parallel)
+    def auto_grammar(self, tools: Sequence[ToolSpec], max_calls: int | None) -> Node:
+        calls = self._call_list(tools, ", ", max_calls)
+        return Triggered(("[",), (Tag("[", calls, "]"),), stop_after_first=True)

@@ -6,11 +6,12 @@ back, converted to JSON, validates against the schema.
 
 Supported: type (one or a list), enum, const, properties / required (members
 in the schema's order; optional ones may be left out), items / minItems /
-maxItems, anyOf / oneOf, and values without a type (any literal, nested at
-most ANY_DEPTH deep). Annotations (description, title, default, examples,
+maxItems, anyOf / oneOf, local `$ref` (inlined, recursion at most
+schema_refs.MAX_RECURSION deep), and values without a type (any literal, nested
+at most ANY_DEPTH deep). Annotations (description, title, default, examples,
 format, ...) are ignored, as JSON-schema validation ignores them. Any other
-keyword that constrains values (pattern, minimum, $ref, ...) cannot be
-expressed: ToolConstraintError says which.
+keyword that constrains values (pattern, minimum, ...) cannot be expressed:
+ToolConstraintError says which.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from radixlm.constrained.json_bounds import NUMBER_REGEX, int64_regex
 from radixlm.function_call.grammar_ir import Lit, Node, Opt, Regex, alt, repeat, seq
+from radixlm.function_call.schema_refs import RecursionTooDeep, inline_refs
 from radixlm.function_call.types import ToolConstraintError
 
 ANY_DEPTH = 2
 PY_STRING = '"(?:[^"\\\\\\n\\r]|\\\\["\\\\nrt\']|\\\\u[0-9a-fA-F]{4})*"'
-PY_INTEGER = r"-?(?:0|[1-9][0-9]*)"
-PY_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+# Numbers with bounded digits, as in every JSON-schema grammar (constrained/json_bounds.py).
+PY_INTEGER = int64_regex()
+PY_NUMBER = NUMBER_REGEX
 PY_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 _ANNOTATIONS = {
     "title", "description", "default", "examples", "format", "$schema", "$id", "$comment",
@@ -55,6 +59,11 @@ def py_literal(value: Any) -> str:
 
 def kwargs_grammar(schema: Mapping[str, Any], where: str) -> Node:
     """The keyword arguments (between the parentheses) for a tool's parameters schema."""
+    try:
+        schema = inline_refs(schema)
+    except (KeyError, RecursionTooDeep) as e:
+        raise ToolConstraintError(f"The pythonic tool-call grammar cannot follow $ref in "
+                                  f"{where}: {e.args[0]}") from None
     _check_keywords(schema, where)
     properties = schema.get("properties")
     if properties is None and schema.get("additionalProperties") is False:

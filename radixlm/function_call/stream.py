@@ -10,17 +10,26 @@ Guarantees, for every way of cutting the text into pieces:
   a possible marker prefix is held back until it is decided;
 - the deltas are the same (joined) for every cut: every decision is made per
   character, never per piece;
+- a call is shown once it is complete, as one delta carrying its id, name and
+  whole arguments (what OpenAI's clients accumulate: one entry per call index
+  per chunk, never a call whose arguments do not parse). A call cut off by the
+  end of the text, or broken by malformed markup, is never shown;
 - whitespace before a call, between calls, after the last call, and at the
   start of content that follows a call is dropped (held back until the next
   character decides); whitespace between text before and after a call stays;
-- a block that fails before it emitted anything (bad JSON, unknown tool name,
+- a block that fails before it showed anything (bad JSON, unknown tool name,
   missing call) is returned as content, exactly as written.
 
 `lookahead=True` (the non-streaming parse) emits a block's events only once
 the block is complete, so a block that fails late is content too. A streaming
-block that fails after its call started can no longer be taken back: the call
-keeps what was emitted and the rest of the text is read as content again
-(constrained decoding rules this out).
+block that fails after it showed a call (or content, in the generic format)
+can no longer be taken back: what it showed stays, its unfinished call is
+dropped, and the rest of the text is read as content again (constrained
+decoding rules this out).
+
+`finish(cut=True)`: the text was cut off (max_tokens). A block still open is
+then not content: its complete calls and its content are kept, its unfinished
+call and a held marker prefix are dropped, so markup never reaches content.
 """
 
 from __future__ import annotations
@@ -28,9 +37,15 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 
-from radixlm.function_call.call_object import WHITESPACE, CallArgs, CallStart, Content, Event
+from radixlm.function_call.call_object import (
+    WHITESPACE,
+    CallArgs,
+    CallEnd,
+    CallStart,
+    Content,
+    Event,
+)
 from radixlm.function_call.json_scan import Step
 from radixlm.function_call.types import (
     ContentDelta,
@@ -105,7 +120,8 @@ class ToolCallStream:
         self._block_after_block = False
         self._committed = False
         self._buffer: list[Event] = []
-        self._calls: list[list[str]] = []  # [name, arguments] per call
+        self._calls: list[list[str]] = []  # [name, arguments] per complete call
+        self._pending: list[str] | None = None  # [name, arguments] of the call being read
         self._content: list[str] = []
         self.finished = False
 
@@ -119,8 +135,11 @@ class ToolCallStream:
             self._push(ch)
         return self._take()
 
-    def finish(self) -> list[StreamDelta]:
-        """The output ended: decide everything held back; return the last deltas."""
+    def finish(self, cut: bool = False) -> list[StreamDelta]:
+        """The output ended: decide everything held back; return the last deltas.
+
+        cut: the output was cut off (max_tokens): an open block keeps only its complete
+        calls and its content, and a held marker prefix is dropped."""
         if self.finished:
             return []
         self.finished = True
@@ -129,14 +148,19 @@ class ToolCallStream:
             complete = block.finish()
             self._drain()
             if not complete:
-                self._fail_block()
+                if cut:
+                    self._cut_block()
+                else:
+                    self._fail_block()
                 continue
             self._end_block()
             for c in block.pushback:
                 self._push(c)
-        if self._held:
+        if self._held and cut:  # a marker cut short: dropped with the space before it
+            self._pending_ws = ""
+        elif self._held:
             self._emit_ws_then(self._held)
-            self._held = ""
+        self._held = ""
         if self._pending_ws and not self._after_block:
             self._emit_content(self._pending_ws)
         self._pending_ws = ""
@@ -233,7 +257,9 @@ class ToolCallStream:
             self._emit_events(events)
         elif events:
             self._buffer.extend(events)
-            if not self._lookahead:
+            # Streaming shows a block once it has something to show: content, or a
+            # complete call (a call alone is held until it ends).
+            if not self._lookahead and any(isinstance(e, Content | CallEnd) for e in events):
                 self._commit()
 
     def _commit(self) -> None:
@@ -247,9 +273,18 @@ class ToolCallStream:
         self._block = None
         self._after_block, self._at_start = True, False
 
+    def _cut_block(self) -> None:
+        """The text was cut inside the block: keep what is complete, drop the rest."""
+        if not self._committed:
+            self._commit()
+        self._pending = None
+        self._block = None
+        self._after_block, self._at_start = True, False
+
     def _fail_block(self) -> None:
         if self._committed:
             logger.warning("A tool call stopped parsing after it was streamed: %r", self._block_raw)
+            self._pending = None
             self._block = None
             self._after_block, self._at_start = True, False
             return
@@ -289,18 +324,17 @@ class ToolCallStream:
             if isinstance(event, Content):
                 self._emit_content(event.text)
             elif isinstance(event, CallStart):
-                self._calls.append([event.name, ""])
+                self._pending = [event.name, ""]
+            elif isinstance(event, CallArgs):
+                assert self._pending is not None
+                self._pending[1] += event.text
+            elif isinstance(event, CallEnd) and self._pending is not None:
+                name, arguments = self._pending
+                self._pending = None
+                self._calls.append([name, arguments])
                 self._out.append(
-                    ToolCallDelta(len(self._calls) - 1, self._id_factory(), event.name, "")
+                    ToolCallDelta(len(self._calls) - 1, self._id_factory(), name, arguments)
                 )
-            elif isinstance(event, CallArgs) and event.text:
-                self._calls[-1][1] += event.text
-                index = len(self._calls) - 1
-                last = self._out[-1] if self._out else None
-                if isinstance(last, ToolCallDelta) and last.index == index and last.id is None:
-                    self._out[-1] = replace(last, arguments=last.arguments + event.text)
-                else:
-                    self._out.append(ToolCallDelta(index, None, None, event.text))
 
     def _take(self) -> list[StreamDelta]:
         out, self._out = self._out, []

@@ -20,7 +20,13 @@ _LENIENT_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class ToolError(ValueError):
-    """A `tools` / `tool_choice` value that cannot be used; the message names the problem (400)."""
+    """A `tools` / `tool_choice` value that cannot be used; the message names the problem (400)
+    in SGLang's words where SGLang has them (its clients' tests match them); `param` is the
+    request field at fault."""
+
+    def __init__(self, message: str, param: str = "tools") -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ToolConstraintError(ValueError):
@@ -68,23 +74,30 @@ class ToolSpec:
         parameters = function.get("parameters")
         if parameters is None:
             parameters = {"type": "object", "properties": {}}
-        check_parameters_schema(parameters, f"{where}.function.parameters")
+        check_parameters_schema(parameters, position)
         return cls(name=name, parameters=parameters, description=description)
 
 
-def check_parameters_schema(schema: object, where: str) -> None:
-    """Raise ToolError unless `schema` is a valid JSON schema describing an object."""
+def check_parameters_schema(schema: object, position: int) -> None:
+    """Raise ToolError unless `schema` is a valid JSON schema describing an object (in
+    SGLang's words: "Tool 0 function has invalid 'parameters' schema: ...")."""
+    problem = f"Tool {position} function has invalid 'parameters' schema"
     if not isinstance(schema, Mapping):
-        raise ToolError(f"{where} must be a JSON schema object")
+        raise ToolError(f"{problem}: tools[{position}].function.parameters must be a JSON "
+                        "schema object")
     schema_type = schema.get("type", "object")
     if schema_type != "object":
-        raise ToolError(f"{where} must describe an object (type 'object'), got {schema_type!r}")
+        raise ToolError(f"{problem}: it must describe an object (type 'object'), got "
+                        f"{schema_type!r}")
     import jsonschema
 
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
-        raise ToolError(f"{where} is not a valid JSON schema: {e.message}") from None
+        raise ToolError(f"{problem}: {e.message}") from None
+    except RecursionError:
+        raise ToolError(f"Tool {position} function 'parameters' schema is too deeply nested "
+                        "or contains a cycle.") from None
 
 
 def parse_tools(tools: object) -> list[ToolSpec]:
@@ -120,21 +133,25 @@ class ToolChoice:
             return cls("none")
         if value == "required":
             if not tools:
-                raise ToolError("tool_choice 'required' needs at least one tool")
+                raise ToolError("Tools cannot be empty if tool choice is set to required.",
+                                "tool_choice")
             return cls("required")
         if isinstance(value, Mapping):
             function = value.get("function")
             name = function.get("name") if isinstance(function, Mapping) else None
             if value.get("type") != "function" or not isinstance(name, str):
                 raise ToolError(
-                    'tool_choice object must be {"type": "function", "function": {"name": ...}}'
-                )
+                    'tool_choice object must be {"type": "function", "function": {"name": ...}}',
+                    "tool_choice")
+            if not tools:
+                raise ToolError("Tools cannot be empty if tool choice is set to a specific "
+                                "tool.", "tool_choice")
             if name not in {tool.name for tool in tools}:
-                raise ToolError(f"tool_choice names the function {name!r}, which is not in tools")
+                raise ToolError(f"Tool '{name}' not found in tools list.", "tool_choice")
             return cls("named", name)
         raise ToolError(
-            f"tool_choice must be 'none', 'auto', 'required' or a named function, got {value!r}"
-        )
+            f"tool_choice must be 'none', 'auto', 'required' or a named function, got {value!r}",
+            "tool_choice")
 
     def allowed_tools(self, tools: Sequence[ToolSpec]) -> list[ToolSpec]:
         """The tools a call may name under this choice."""
@@ -170,9 +187,10 @@ class ContentDelta:
 class ToolCallDelta:
     """One entry of `delta.tool_calls`.
 
-    The first delta of a call carries `id` and `name` (and arguments ""); the following
-    ones carry argument fragments only (id and name None). Joined, the fragments of one
-    index are exactly that call's final arguments.
+    The first delta of a call carries `id` and `name`; any following ones carry argument
+    fragments only (id and name None). Joined, the fragments of one index are exactly
+    that call's final arguments. The parsers send each call as one delta, once complete
+    (see stream.py).
     """
 
     index: int

@@ -20,8 +20,9 @@ tokens.
   whole sequence is gathered and a causal mask shifted by the prefix applies.
 - Index tensors and masks are built once per forward and shared by all layers.
 - Grouped-query attention uses SDPA's `enable_gqa` (no repeated K/V copies).
-- Sliding-window attention is not implemented: every layer attends over the
-  whole sequence, which is exact for sequences no longer than the window.
+- A layer passes its `AttnOptions`: the softmax scale (default head_dim^-0.5),
+  a sliding window and a logit softcap. Layers with a window or a softcap go
+  through attention_masked.py (a window's keys only, a mask per request).
 """
 
 from __future__ import annotations
@@ -29,17 +30,61 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.layers.attention_masked import MaskedPlans, masked_attention
 from radixlm.mem_cache.kv_format import gather_rows
 from radixlm.utils import resolve_lazy
 
 if TYPE_CHECKING:
     from radixlm.model_executor.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class AttnOptions:
+    """What one attention layer asks beyond causal softmax(q k^T / sqrt(head_dim)) v.
+
+    scale: the softmax scale (None: head_dim ** -0.5; Gemma: query_pre_attn_scalar ** -0.5).
+    sliding_window: a query at position p sees keys at positions > p - sliding_window
+    (transformers' definition); None: the whole sequence.
+    logit_softcap: scores → cap * tanh(scores / cap) before the mask (Gemma 2 style).
+    """
+
+    scale: float | None = None
+    sliding_window: int | None = None
+    logit_softcap: float | None = None
+
+    @property
+    def needs_mask(self) -> bool:
+        """Whether the layer needs the masked path (attention_masked.py)."""
+        return self.sliding_window is not None or self.logit_softcap is not None
+
+    def scale_for(self, head_dim: int) -> float:
+        return self.scale if self.scale is not None else head_dim**-0.5
+
+    def describe(self) -> str:
+        parts = [f"sliding window {self.sliding_window}" if self.sliding_window else "",
+                 f"logit softcap {self.logit_softcap}" if self.logit_softcap else ""]
+        return ", ".join(p for p in parts if p) or "plain"
+
+
+PLAIN_ATTENTION = AttnOptions()
+
+
+def masked_layers(model: Any) -> dict[str, list[int]]:
+    """The layers of `model` whose AttnOptions need the masked path, by what they ask
+    (e.g. {"sliding window 512": [0, 1, 2, 3, 4]}); attention modules carry `layer_id`
+    and `attn_options`."""
+    found: dict[str, list[int]] = {}
+    for module in model.modules() if model is not None else ():
+        options = getattr(module, "attn_options", None)
+        if isinstance(options, AttnOptions) and options.needs_mask:
+            found.setdefault(options.describe(), []).append(int(module.layer_id))
+    return found
 
 
 class AttentionBackend(ABC):
@@ -61,11 +106,14 @@ class AttentionBackend(ABC):
         v: torch.Tensor,
         layer_id: int,
         forward_batch: ForwardBatch,
+        options: AttnOptions = PLAIN_ATTENTION,
     ) -> torch.Tensor:
         """Attention of one layer. q [T, H, D], k and v [T, Hkv, D] → [T, H * D].
 
         Writes k, v into the pool at `forward_batch.out_cache_loc` (modifies the pool),
-        then attends each request's tokens over its prefix and, causally, its new tokens.
+        then attends each request's tokens over its prefix and, causally, its new tokens,
+        as `options` says (scale, sliding window, logit softcap). A backend that cannot
+        run some option itself must still compute it exactly (attention_masked.py).
         """
 
 
@@ -146,19 +194,20 @@ def extend_attention(
     k_buf: torch.Tensor,
     v_buf: torch.Tensor,
     ext: ExtendReq,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """One request's new tokens over its prefix and, causally, themselves → [n, H, D].
 
     q [T, H, D], k and v [T, Hkv, D] (this step's, rows ext.start:ext.end, as the pool
     reads them back: `stored_kv`); k_buf, v_buf [slots, Hkv, row] (the pool as stored,
-    read for the prefix only).
+    read for the prefix only); scale: the softmax scale (None: head_dim ** -0.5).
     """
     q_req = q[ext.start : ext.end].transpose(0, 1)  # [H, n, D]
     keys = k[ext.start : ext.end].to(q.dtype).transpose(0, 1)  # [Hkv, n, D]
     values = v[ext.start : ext.end].to(q.dtype).transpose(0, 1)  # [Hkv, n, D]
     if ext.prefix_index is None:
         out = F.scaled_dot_product_attention(
-            q_req, keys, values, is_causal=True, enable_gqa=True
+            q_req, keys, values, is_causal=True, scale=scale, enable_gqa=True
         )  # [H, n, D]
         return out.transpose(0, 1)
     prefix_k = gather_rows(k_buf, ext.prefix_index, q.dtype, q.shape[-1]).transpose(0, 1)
@@ -170,12 +219,13 @@ def extend_attention(
             torch.cat([prefix_k, keys], dim=1),
             torch.cat([prefix_v, values], dim=1),
             attn_mask=ext.mask,
+            scale=scale,
             enable_gqa=True,
         )  # [H, n, D]
         return out.transpose(0, 1)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out_p, lse_p = flash(q_req[None], prefix_k[None], prefix_v[None], 0.0, False)
-    out_n, lse_n = flash(q_req[None], keys[None], values[None], 0.0, True)
+    out_p, lse_p = flash(q_req[None], prefix_k[None], prefix_v[None], 0.0, False, scale=scale)
+    out_n, lse_n = flash(q_req[None], keys[None], values[None], 0.0, True, scale=scale)
     # out_*: [1, H, n, D]; lse_*: [1, H, n] float32. Merge the two softmax halves.
     lse = torch.logaddexp(lse_p, lse_n)  # [1, H, n]
     w_p = torch.exp(lse_p - lse).unsqueeze(-1)  # [1, H, n, 1]
@@ -205,6 +255,7 @@ def stored_kv(
 class TorchNativeMetadata:
     decode: _DecodeGroup | None
     extends: list[ExtendReq] = field(default_factory=list)
+    masked: MaskedPlans | None = None  # for layers with a window or a softcap
 
 
 @register_attention_backend("torch_native")
@@ -230,7 +281,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             for i, n in enumerate(fb.extend_lens)
             if n > 1
         ]
-        fb.attn_metadata = TorchNativeMetadata(decode, extends)
+        fb.attn_metadata = TorchNativeMetadata(decode, extends, MaskedPlans(fb))
 
     @staticmethod
     def _decode_group(
@@ -254,27 +305,36 @@ class TorchNativeAttnBackend(AttentionBackend):
         v: torch.Tensor,
         layer_id: int,
         forward_batch: ForwardBatch,
+        options: AttnOptions = PLAIN_ATTENTION,
     ) -> torch.Tensor:
         md: TorchNativeMetadata = forward_batch.attn_metadata
         k, v, k_buf, v_buf = stored_kv(forward_batch, layer_id, k, v)
         num_tokens, num_heads, head_dim = q.shape
+        scale = options.scale_for(head_dim)
+        if options.needs_mask:
+            plans = md.masked if md.masked is not None else MaskedPlans(forward_batch)
+            plan = plans.get(options.sliding_window)
+            out = masked_attention(q, k_buf, v_buf, plan, scale, options.logit_softcap)
+            return out.reshape(num_tokens, -1)
         if md.decode is not None and md.decode.rows is None:  # a decode-only batch
-            return self._decode(q, k_buf, v_buf, md.decode).reshape(num_tokens, -1)
+            return self._decode(q, k_buf, v_buf, md.decode, scale).reshape(num_tokens, -1)
         if md.decode is None and len(md.extends) == 1:  # one extending request
-            out = extend_attention(q, k, v, k_buf, v_buf, md.extends[0])  # [T, H, D]
+            out = extend_attention(q, k, v, k_buf, v_buf, md.extends[0], scale)  # [T, H, D]
             return out.reshape(num_tokens, -1)
         out = q.new_empty(num_tokens, num_heads, head_dim)  # [T, H, D]
         if md.decode is not None:
             assert md.decode.rows is not None
             q_dec = q.index_select(0, md.decode.rows)  # [Bd, H, D]
-            out.index_copy_(0, md.decode.rows, self._decode(q_dec, k_buf, v_buf, md.decode))
+            out.index_copy_(0, md.decode.rows,
+                            self._decode(q_dec, k_buf, v_buf, md.decode, scale))
         for ext in md.extends:
-            out[ext.start : ext.end] = extend_attention(q, k, v, k_buf, v_buf, ext)
+            out[ext.start : ext.end] = extend_attention(q, k, v, k_buf, v_buf, ext, scale)
         return out.view(num_tokens, -1)
 
     @staticmethod
     def _decode(
-        q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, group: _DecodeGroup
+        q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, group: _DecodeGroup,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """q [Bd, H, D] → [Bd, H, D]: one new token per request over its whole sequence."""
         shape = (q.shape[0], group.max_len, k_buf.shape[1], q.shape[2])
@@ -283,6 +343,6 @@ class TorchNativeAttnBackend(AttentionBackend):
         keys = keys.transpose(1, 2)  # [Bd, Hkv, L, D]
         values = values.transpose(1, 2)  # [Bd, Hkv, L, D]
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys, values, attn_mask=group.mask, enable_gqa=True
+            q.unsqueeze(2), keys, values, attn_mask=group.mask, scale=scale, enable_gqa=True
         )  # [Bd, H, 1, D]
         return out.squeeze(2)

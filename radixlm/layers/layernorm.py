@@ -34,3 +34,26 @@ class RMSNorm(nn.Module):
             return normed, summed  # each [T, hidden]
         residual = x + residual  # [T, hidden]
         return self.forward(residual), residual
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm, `(1 + weight) * x / sqrt(mean(x^2) + eps)` (Hugging Face name: weight).
+
+    The checkpoint's weight is loaded as `1 + weight`, so the forward and the fused
+    add-and-norm are RMSNorm's. In float32 this is Gemma's arithmetic; in bfloat16 the
+    stored `1 + weight` is rounded once (transformers keeps it in float32).
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
+        super().__init__(hidden_size, eps, dtype)
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+
+    @staticmethod
+    def weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        if not isinstance(loaded_weight, torch.Tensor):  # a LazyWeight
+            loaded_weight = loaded_weight.materialize()
+        if param.shape != loaded_weight.shape:
+            raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, "
+                             f"checkpoint {tuple(loaded_weight.shape)}")
+        with torch.no_grad():
+            param.copy_(1.0 + loaded_weight.float())

@@ -165,6 +165,15 @@ class MergedColumnParallelLinear(_LinearBase):
         src = loaded_weight.narrow(0, self.tp_rank * size, size)
         default_weight_loader(param.narrow(0, offset, size), src)
 
+    def load_fused_weight(self, param: nn.Parameter, loaded_weight: Any) -> None:
+        """A checkpoint that stores the projections fused (Phi-3's gate_up_proj): the
+        whole tensor, shard after shard, each split over the ranks."""
+        offset = 0
+        for shard_id, size in enumerate(self.output_sizes):
+            full = size * self.tp_size
+            self.weight_loader(param, loaded_weight.narrow(0, offset, full), shard_id)
+            offset += full
+
 
 class QKVParallelLinear(_LinearBase):
     """q, k and v projections fused: this rank's rows are [q heads | k heads | v heads].
@@ -196,6 +205,15 @@ class QKVParallelLinear(_LinearBase):
     @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
+
+    def load_fused_weight(self, param: nn.Parameter, loaded_weight: Any) -> None:
+        """A checkpoint that stores q, k and v fused (Phi-3's qkv_proj): the whole
+        tensor, [all q heads | all k heads | all v heads] rows."""
+        q_full = self.num_heads * self.tp_size * self.head_dim
+        kv_full = self.num_kv_heads * self.tp_size // self.kv_replicas * self.head_dim
+        for shard_id, offset, size in (("q", 0, q_full), ("k", q_full, kv_full),
+                                       ("v", q_full + kv_full, kv_full)):
+            self.weight_loader(param, loaded_weight.narrow(0, offset, size), shard_id)
 
     @property
     def kv_size(self) -> int:

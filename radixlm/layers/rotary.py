@@ -1,11 +1,23 @@
 """Rotary position embeddings (RoPE), with the scaling variants of Llama-family configs.
 
 The inverse frequencies and the attention scaling of the scaled variants
-(linear, llama3, yarn) come from transformers' `ROPE_INIT_FUNCTIONS`, so a
-config means here what it means there; default and dynamic NTK are computed
-here. `RotaryEmbedding` keeps a table of
+(linear, llama3, yarn, longrope) come from transformers' `ROPE_INIT_FUNCTIONS`,
+so a config means here what it means there; default and dynamic NTK are
+computed here. `RotaryEmbedding` keeps a table of
 cos/sin per position; the model looks its positions up once per forward and
-every layer applies them with `apply_rotary`.
+every layer applies them with `apply_rotary`. A model with several kinds of
+layers (Gemma 3: sliding and global) keeps one table per `layer_type`, each
+from its own entry of `config.rope_parameters`. With a partial rotary factor
+(Phi-4-mini) only the first `rotary_dim` features of each head rotate.
+
+LongRoPE (Phi-3 / Phi-4-mini) has two sets of factors: transformers picks the
+long ones while the sequence in hand is longer than
+`original_max_position_embeddings`, so a prefix's keys would change with the
+length of whatever follows it. Here the choice is made once, from the context
+length served (`set_context_length`, the runner's `--context-length`, by
+default `max_position_embeddings`): long factors when it exceeds the original
+context, as vLLM and llama.cpp choose. This equals transformers' result for
+every sequence of the chosen kind and keeps the prefix cache exact.
 
 Rotation is the "neox" layout Hugging Face checkpoints use: the two halves of
 each head's vector are the pairs being rotated (llama.cpp's interleaved layout
@@ -27,12 +39,17 @@ from torch import nn
 from radixlm.layers.cpu_kernels import use_fused_cpu_kernel
 
 
-def rope_parameters(config: Any) -> dict[str, Any]:
+def rope_parameters(config: Any, layer_type: str | None = None) -> dict[str, Any]:
     """The config's RoPE parameters as one dict with `rope_type` and `rope_theta`.
 
-    Reads transformers 5's `rope_parameters` or the older `rope_scaling` + `rope_theta`.
+    Reads transformers 5's `rope_parameters` (its entry for `layer_type` where the
+    model has one per kind of layer) or the older `rope_scaling` + `rope_theta`.
     """
     params = getattr(config, "rope_parameters", None)
+    if layer_type is not None:
+        if not isinstance(params, dict) or not isinstance(params.get(layer_type), dict):
+            raise ValueError(f"the config has no rope_parameters for {layer_type!r}")
+        params = params[layer_type]
     if isinstance(params, dict) and "rope_theta" in params:
         out = dict(params)
     else:
@@ -42,7 +59,7 @@ def rope_parameters(config: Any) -> dict[str, Any]:
     return out
 
 
-_STATIC_ROPE_TYPES = ("linear", "llama3", "yarn")
+_STATIC_ROPE_TYPES = ("linear", "llama3", "yarn", "longrope")
 
 
 def _default_inv_freq(base: float, dim: int) -> torch.Tensor:
@@ -54,36 +71,53 @@ class RotaryEmbedding(nn.Module):
 
     `forward(positions)` returns `(cos, sin)`, each [T, 1, rotary_dim / 2], in the
     requested dtype, ready for `apply_rotary` on [T, num_heads, head_dim] tensors.
+    layer_type: which entry of `config.rope_parameters` (None: the only one).
     """
 
-    def __init__(self, config: Any, head_dim: int) -> None:
+    def __init__(self, config: Any, head_dim: int, layer_type: str | None = None) -> None:
         super().__init__()
-        params = rope_parameters(config)
+        params = rope_parameters(config, layer_type)
         self.config = config
+        self.layer_type = layer_type
         self.rope_type: str = params["rope_type"]
         self.base = float(params["rope_theta"])
-        self.rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-        if self.rotary_dim != head_dim:
-            raise NotImplementedError("partial rotary embeddings are not supported")
+        factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+        self.rotary_dim = int(head_dim * float(factor or 1.0))
         self.max_position = int(getattr(config, "max_position_embeddings", 2048))
         self.dynamic_factor = float(params.get("factor", 1.0))
-        inv_freq, self.attention_scaling = self._inv_freq(config)
+        self.original_max_position = int(params.get("original_max_position_embeddings")
+                                          or self.max_position)
+        self.long_rope = self.max_position > self.original_max_position  # longrope's choice
+        inv_freq, self.attention_scaling = self._inv_freq()
         self.inv_freq: torch.Tensor
         inv_freq = inv_freq.to(torch.get_default_device())  # honours `with torch.device(...)`
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [rotary_dim / 2]
         self.cos_sin_cache: torch.Tensor
         self.register_buffer("cos_sin_cache", self._table(0, self.max_position), persistent=False)
 
-    def _inv_freq(self, config: Any) -> tuple[torch.Tensor, float]:
+    def _inv_freq(self) -> tuple[torch.Tensor, float]:
         if self.rope_type in ("default", "dynamic"):
             return _default_inv_freq(self.base, self.rotary_dim), 1.0
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-        # NOTE: longrope switches frequencies with the sequence length: not a static table.
         if self.rope_type not in _STATIC_ROPE_TYPES or self.rope_type not in ROPE_INIT_FUNCTIONS:
             raise NotImplementedError(f"rope_type {self.rope_type!r} is not supported")
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](config, "cpu")
+        kwargs: dict[str, Any] = {"layer_type": self.layer_type} if self.layer_type else {}
+        if self.rope_type == "longrope" and self.long_rope:
+            kwargs["seq_len"] = self.original_max_position + 1  # the long factors
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](self.config, "cpu", **kwargs)
         return inv_freq.float(), float(scaling)
+
+    def set_context_length(self, context_len: int) -> None:
+        """The longest sequence served: decides LongRoPE's factors (see the module
+        docstring); other kinds of RoPE do not depend on it."""
+        long_rope = context_len > self.original_max_position
+        if self.rope_type != "longrope" or long_rope == self.long_rope:
+            return
+        self.long_rope = long_rope
+        inv_freq, self.attention_scaling = self._inv_freq()
+        self.inv_freq = inv_freq.to(self.inv_freq.device)
+        self.cos_sin_cache = self._table(0, self.cos_sin_cache.shape[0])
 
     def _table(self, start: int, end: int) -> torch.Tensor:
         """cos | sin for positions [start, end): [end - start, rotary_dim] float32."""
@@ -129,10 +163,15 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  fuse_float32: bool = False) -> torch.Tensor:
-    """Rotate x [T, n, D] by cos/sin [T, 1, D / 2]; returns a new contiguous [T, n, D].
+    """Rotate x [T, n, D] by cos/sin [T, 1, R / 2]; returns a new contiguous [T, n, D].
 
+    R < D (a partial rotary factor): the first R features rotate, the rest pass.
     bfloat16/half on the CPU (float32 too with fuse_float32, see
     cpu_kernels.use_fused_cpu_kernel): one pass of the C++ kernel (torch's 7 operators)."""
+    rotary_dim = 2 * cos.shape[-1]
+    if rotary_dim < x.shape[-1]:
+        rotated = apply_rotary(x[..., :rotary_dim], cos, sin)  # [T, n, R]
+        return torch.cat([rotated, x[..., rotary_dim:]], dim=-1)
     if (use_fused_cpu_kernel(x, fuse_float32) and x.stride(2) == 1 and x.stride(1) == x.shape[2]
             and cos.dtype == x.dtype):
         return torch.ops.radixlm.rotary_embedding(x, cos, sin)

@@ -148,14 +148,23 @@ class TokenToKVPool:
 
     @property
     def kv_cache_dtype(self) -> str:
-        """How K/V are stored, as the user names it ("bfloat16" for auto in bf16, "int8")."""
+        """How K/V are stored, as the user names it ("bfloat16" for auto in bf16, "int8"):
+        part of the disk tier's key, so pools of two formats never share entries."""
         return self.kv_format.name
 
-    def info(self) -> dict[str, int | str]:
-        """What /get_server_info says of the pool: capacity, format, real bytes."""
+    def tokens_vs_auto(self) -> float:
+        """How many times as many tokens this pool holds as one in the model's dtype
+        (auto) would in the same memory: 1.0 for auto, ~1.9 for int8 over bfloat16."""
+        auto = kv_format("auto", self.dtype, self.head_dim)
+        return auto.row_bytes() / self.kv_format.row_bytes()
+
+    def info(self) -> dict[str, int | float | str]:
+        """What /get_server_info says of the pool: capacity, format, real bytes, and the
+        capacity against an auto pool of the same bytes."""
         per_token = self.kv_format.bytes_per_token(self.num_layers, self.num_kv_heads)
         return {"max_total_num_tokens": self.size, "kv_cache_dtype": self.kv_cache_dtype,
-                "kv_bytes_per_token": per_token, "kv_cache_bytes": per_token * (self.size + 1)}
+                "kv_bytes_per_token": per_token, "kv_cache_bytes": per_token * (self.size + 1),
+                "kv_tokens_vs_auto": round(self.tokens_vs_auto(), 3)}
 
     # ---- KV storage ----
 
@@ -177,6 +186,15 @@ class TokenToKVPool:
         # ~7% of a batch-32 decode step on the CPU; index_copy_ is a plain row copy.
         k_buf.index_copy_(0, loc, quantize_rows(k, self.kv_format))
         v_buf.index_copy_(0, loc, quantize_rows(v, self.kv_format))
+
+    def slot_buffers(self) -> list[tuple[str, torch.Tensor]]:
+        """Every buffer indexed by KV slot, each [size + 1, ...], named: what one slot's KV is.
+
+        The disk tier stores and restores exactly these rows, bytes as they are, so
+        a pool that keeps more per slot (an int8 pool's scales) must list it here.
+        """
+        return [(f"{kind}{i}", buf) for i in range(self.num_layers)
+                for kind, buf in (("k", self.k_buffers[i]), ("v", self.v_buffers[i]))]
 
     # ---- allocator ----
 

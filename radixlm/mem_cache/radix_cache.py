@@ -16,14 +16,15 @@ children's, and a node is evictable exactly when its count is zero. Eviction
 pops unlocked leaves from a heap ordered by last access (a logical clock that
 match and insert advance), and a parent that becomes an unlocked leaf joins
 the heap. The set of unlocked leaves is kept incrementally, so eviction does
-not walk the tree.
+not walk the tree. An `eviction_sink` (the disk tier) sees each leaf before
+it goes, while its slots still hold its KV.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -49,6 +50,13 @@ class TreeNode:
         return f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref})"
 
 
+class EvictionSink(Protocol):
+    def on_evict(self, key: list[int], kv_indices: torch.Tensor, start: int) -> None:
+        """A leaf is leaving the pool: `key` is its whole path's tokens, `kv_indices`
+        ([len(key)] int64) the path's slots, and the leaf holds positions
+        [start, len(key)). Its slots are freed when eviction returns: copy now."""
+
+
 class _InsertResult(NamedTuple):
     prefix_len: int  # leading tokens of the key that were already cached
     values: list[torch.Tensor]  # the cache's slots for the whole key, node by node
@@ -67,8 +75,9 @@ def _common_prefix_len(node_key: list[int], key: list[int], start: int) -> int:
 class RadixCache(BasePrefixCache):
     """Prefix sharing through a radix tree; see the module docstring for the invariants."""
 
-    def __init__(self, kv_pool: TokenToKVPool) -> None:
+    def __init__(self, kv_pool: TokenToKVPool, eviction_sink: EvictionSink | None = None) -> None:
         super().__init__(kv_pool)
+        self.eviction_sink = eviction_sink
         self._node_ids = itertools.count()
         self._clock = itertools.count(1)
         empty = torch.empty(0, dtype=torch.int64, device=self.kv_pool.device)
@@ -231,6 +240,8 @@ class RadixCache(BasePrefixCache):
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
+            if self.eviction_sink is not None:
+                self._offer_to_sink(leaf)
             self._remove_leaf(leaf)
             freed.append(leaf.value)
             num_freed += len(leaf.key)
@@ -238,6 +249,18 @@ class RadixCache(BasePrefixCache):
                 heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
         self.kv_pool.free(torch.cat(freed))
         return num_freed
+
+    def _offer_to_sink(self, leaf: TreeNode) -> None:
+        assert self.eviction_sink is not None
+        keys: list[list[int]] = []
+        values: list[torch.Tensor] = []
+        node: TreeNode | None = leaf
+        while node is not None and node is not self.root:
+            keys.append(node.key)
+            values.append(node.value)
+            node = node.parent
+        key = [t for k in reversed(keys) for t in k]
+        self.eviction_sink.on_evict(key, torch.cat(values[::-1]), len(key) - len(leaf.key))
 
     def _remove_leaf(self, leaf: TreeNode) -> None:
         parent = leaf.parent

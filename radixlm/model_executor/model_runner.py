@@ -51,6 +51,7 @@ from radixlm.model_executor.forward_step import (
 from radixlm.model_executor.precision import resolve_precision
 from radixlm.model_loader.loader import CheckpointShapes, load_model
 from radixlm.models.base import CausalLM, PoolingModel
+from radixlm.models.layer_stack import fast_path_report
 from radixlm.models.pooler import finish_vector
 from radixlm.models.registry import get_model_class
 from radixlm.multimodal.mm_inputs import MultimodalInputs
@@ -109,6 +110,7 @@ class ModelRunner:
         text_config = getattr(self.config, "text_config", None) or self.config
         self.vocab_size = int(text_config.vocab_size)
         self.context_len = int(args.context_length or text_config.max_position_embeddings)
+        self.model.set_context_length(self.context_len)
         self.eos_token_ids = _eos_ids(self.config, model_dir)
         self._init_memory(text_config)
         self.attn_backend = self._create_attention_backend(args.attention_backend)
@@ -143,6 +145,8 @@ class ModelRunner:
         if quantization != "none" or (self.device == "cpu" and not self.args.disable_cpu_prepack):
             num_int8, num_packed = prepare_model(model, quantization)
             logger.info("Weights: %d int8, %d packed (oneDNN or bf16 pairs)", num_int8, num_packed)
+        if self.device == "cpu" and (report := fast_path_report(model)) is not None:
+            logger.info("Layers: %s", report)
         return model, config
 
     @property
@@ -184,9 +188,12 @@ class ModelRunner:
         self.prefix_cache: BasePrefixCache = create_prefix_cache(
             self.token_to_kv_pool, self.args.disable_radix_cache or not uses_kv
         )
+        pool = self.token_to_kv_pool
         logger.info("KV pool: %d tokens in %s (%d bytes a token, %.1f MiB; %d layers, "
-                    "%d kv heads, head dim %d)", num_tokens, self.token_to_kv_pool.kv_cache_dtype,
-                    per_token, num_tokens * per_token / 2**20, num_layers, num_kv_heads, head_dim)
+                    "%d kv heads, head dim %d)%s", num_tokens, pool.kv_cache_dtype, per_token,
+                    num_tokens * per_token / 2**20, num_layers, num_kv_heads, head_dim,
+                    "" if not pool.kv_format.quantized else
+                    f": {pool.tokens_vs_auto():.2f}x the tokens of {pool.dtype} in the same memory")
         if kv_cache_dtype.startswith("fp8"):
             logger.warning("--kv-cache-dtype %s stores K/V unscaled in 8 bits, below the "
                            "accuracy gate on small models; int8 takes as little memory and "

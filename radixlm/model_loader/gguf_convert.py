@@ -5,10 +5,11 @@ float32) and the tokenizer files (tokenizer.json, tokenizer_config.json, the
 chat template), so every later start loads it like any other checkpoint.
 
 - The file is read by gguf_file.py and mapped onto Hugging Face names and
-  config by gguf_arch.py; tensor data is dequantized with `gguf.quants.dequantize`.
-- llama.cpp stores the Q and K projections of `llama` models with the rows
-  of each head interleaved for its rotary kernel; the conversion undoes that
-  permutation so the weights fit the Hugging Face ("neox") rotary layout.
+  config by gguf_arch.py (`plan_gguf`), which also says how to undo what
+  llama.cpp's converter did to some tensors (the Q/K row permutation of
+  `llama` models, Gemma's 1 + w norms, MoE experts stacked in 3D tensors);
+  tensor data is dequantized with `gguf.quants.dequantize`.
+- End-of-turn tokens (eos, eot, eom) go into generation_config.json.
 - The tokenizer comes from transformers' GGUF tokenizer conversion.
 - The folder is written to a temporary name and renamed into place, so a
   reader never sees half a folder and two processes converting at once both
@@ -18,6 +19,7 @@ chat template), so every later start loads it like any other checkpoint.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -29,41 +31,38 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixlm.model_loader.gguf_arch import (
-    PERMUTED_ARCHS,
-    arch_value,
-    hf_config_kwargs,
-    hf_tensor_name,
-    unpermute_qk,
-)
+from radixlm.model_loader.gguf_arch import GgufPlan, apply_plan, complete_config, plan_gguf
 from radixlm.model_loader.gguf_file import GgufFile, dequantize_tensor, read_gguf
 
 logger = logging.getLogger(__name__)
 
 # NOTE: bump when the folder's contents change, so old caches are not reused.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 
 
 # ---------------------------------------------------------------- weights
 
 
-def iterate_gguf_weights(gguf: GgufFile) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 tensor) for every tensor the model uses, Q/K unpermuted."""
-    meta = gguf.metadata
-    arch = meta["general.architecture"]
-    num_heads = int(arch_value(meta, "attention.head_count"))
-    num_kv_heads = int(arch_value(meta, "attention.head_count_kv", num_heads))
+def iterate_gguf_weights(gguf: GgufFile, plan: GgufPlan | None = None
+                         ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, float32 tensor) for every tensor the model uses, with
+    llama.cpp's fix-ups undone (gguf_arch.py)."""
+    plan = plan or plan_gguf(gguf.metadata, gguf.tensors)
+    infos = {t.name: t for t in gguf.tensors}
     blob = np.memmap(gguf.path, dtype=np.uint8, mode="r")
-    for info in gguf.tensors:
-        name = hf_tensor_name(info.name)
-        if name is None:
-            continue
-        tensor = dequantize_tensor(blob, info)
-        if arch in PERMUTED_ARCHS and ".q_proj." in name:
-            tensor = unpermute_qk(tensor, num_heads)
-        elif arch in PERMUTED_ARCHS and ".k_proj." in name:
-            tensor = unpermute_qk(tensor, num_kv_heads)
-        yield name, tensor
+    current: tuple[str, torch.Tensor] | None = None
+    for tensor_plan in plan.tensors:  # a 3D expert tensor's slices follow each other
+        if current is None or current[0] != tensor_plan.gguf_name:
+            current = (tensor_plan.gguf_name, dequantize_tensor(blob, infos[tensor_plan.gguf_name]))
+        yield tensor_plan.hf_name, apply_plan(current[1], tensor_plan).contiguous()
+
+
+def gguf_config(gguf: GgufFile, plan: GgufPlan) -> dict[str, Any]:
+    """The transformers config kwargs, with the values of the plan's config tensors."""
+    blob = np.memmap(gguf.path, dtype=np.uint8, mode="r")
+    infos = {t.name: t for t in gguf.tensors}
+    values = {name: dequantize_tensor(blob, infos[name]).numpy() for name in plan.config_tensors}
+    return complete_config(plan, values)
 
 
 # ---------------------------------------------------------------- the cached folder
@@ -121,12 +120,15 @@ def _write_hf_folder(gguf_path: str, out_dir: str) -> None:
     from transformers import AutoConfig
 
     gguf = read_gguf(gguf_path)
-    model_type, kwargs = hf_config_kwargs(gguf)
-    config = AutoConfig.for_model(model_type, **kwargs)
+    plan = plan_gguf(gguf.metadata, gguf.tensors)
+    config = AutoConfig.for_model(plan.model_type, **gguf_config(gguf, plan))
     config.dtype = torch.float32
-    tensors = dict(iterate_gguf_weights(gguf))
+    tensors = dict(iterate_gguf_weights(gguf, plan))
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     _write_tokenizer(gguf_path, out_dir, config.max_position_embeddings)
+    if plan.generation_config:
+        with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+            json.dump(plan.generation_config, f, indent=2)
     # NOTE: config.json last: its presence marks a complete folder.
     config.save_pretrained(out_dir)
 

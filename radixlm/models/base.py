@@ -58,6 +58,10 @@ class CausalLM(nn.Module):
         """Copy (Hugging Face name, tensor) pairs into the parameters."""
         raise NotImplementedError
 
+    def set_context_length(self, context_len: int) -> None:
+        """The longest sequence this model will serve (the runner calls it once after
+        loading; LongRoPE picks its factors by it). Nothing to do for most models."""
+
 
 class PoolingModel(CausalLM):
     """A model that answers each prompt with one vector instead of generating.

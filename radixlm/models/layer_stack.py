@@ -9,12 +9,14 @@ operators in the same order on the same arguments: the result is the Python
 loop's, bit for bit, in bf16, in float32 over bf16 weights and in the exact float32
 mode alike.
 
-A model takes this path when `stack_for` finds it eligible (bf16 or float32 on
+A model takes this path when `stack_for` finds it eligible (Llama's layer only:
+no q/k norms, sliding windows, NoPE, MoE or Gemma norms; bf16 or float32 on
 the CPU, one tensor-parallel rank, every projection prepared in a form the C++
 loop runs: `PreparedWeight.cpp_kind`, so not int8, dense or with a small-batch
 plain copy) and a step when `LayerStack.run` does (no module hooks,
 its attention metadata covers every row in the kernel, the pool in the model's
-dtype); anything else runs the Python loop.
+dtype); anything else runs the Python loop, and `fast_path_report` says why in
+the start-up log.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def _key(qkv_proj: Any) -> int:
 class LayerStack:
     """A model's layer weights as the C++ loop takes them (see the module docstring)."""
 
-    def __init__(self, layers: Any) -> None:  # LlamaDecoderLayer modules
+    def __init__(self, layers: Any) -> None:  # DecoderLayer modules (Llama's layer)
         first = layers[0].self_attn
         self.key = _key(first.qkv_proj)  # the packed weights this stack was built from
         self.hook_dicts = [d for layer in layers for m in layer.modules()
@@ -108,18 +110,49 @@ def stack_for(model: Any) -> LayerStack | None:
     key = _key(layers[0].self_attn.qkv_proj)
     cached: tuple[int, LayerStack | None] | None = getattr(model, "_layer_stack", None)
     if cached is None or cached[0] != key:
-        cached = (key, LayerStack(layers) if _eligible(layers) else None)
+        cached = (key, LayerStack(layers) if refusal(model) is None else None)
         model._layer_stack = cached
     return cached[1]
 
 
-def _eligible(layers: Any) -> bool:
+def refusal(model: Any) -> str | None:
+    """Why the C++ stack cannot run this decoder (models/decoder.py's DecoderModel), or
+    None where it can. The stack is Llama's layer: any other layer, a second rotary table
+    or a partial rotary, more than one rank, or weights that are not packed runs the
+    Python loop instead."""
+    layers = model.layers
+    blockers = sorted({why for layer in layers for why in getattr(layer, "stack_blockers", ())})
+    if blockers:
+        return "its layers have " + ", ".join(blockers)
+    if model.rotary_for_stack() is None:
+        return "its rotary embedding is partial or per kind of layer"
     projections = [p for layer in layers for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                                   layer.mlp.gate_up_proj, layer.mlp.down_proj)]
     norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
     dtype = norms[0].weight.dtype
-    return not (any(p.tp_size != 1 or p.prepared is None or p.prepared.cpp_kind is None
-                    for p in projections)
-                or dtype not in (torch.bfloat16, torch.float32)
-                or any(n.weight.dtype != dtype or n.weight.device.type != "cpu" for n in norms)
-                or len({n.eps for n in norms}) != 1)
+    if any(p.tp_size != 1 for p in projections):
+        return "it is tensor-parallel"
+    if any(p.prepared is None or p.prepared.cpp_kind is None for p in projections):
+        return ("not every projection is in a form the C++ loop runs (int8, dense, or kept "
+                "plain for small batches)")
+    if (dtype not in (torch.bfloat16, torch.float32)
+            or any(n.weight.dtype != dtype or n.weight.device.type != "cpu" for n in norms)
+            or len({n.eps for n in norms}) != 1):
+        return "its norms are not all bf16 or float32 on the CPU with one eps"
+    return None
+
+
+def fast_path_report(model: Any) -> str | None:
+    """A start-up line on which path the decoder layers take (None: the model has no
+    decoder stack, e.g. an encoder)."""
+    decoder = getattr(model, "model", None)
+    if decoder is None or not hasattr(decoder, "rotary_for_stack"):
+        language_model = getattr(model, "language_model", None)
+        return fast_path_report(language_model) if language_model is not None else None
+    name = type(model).__name__
+    if load_cpu_kernels() is None:
+        return f"{name}: the Python layer loop (no CPU kernels)"
+    why = refusal(decoder)
+    if why is None:
+        return f"{name}: the C++ layer stack (one call for all {len(decoder.layers)} layers)"
+    return f"{name}: the Python layer loop, not the C++ stack: {why}"

@@ -23,15 +23,10 @@ from torch import nn
 
 from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.models.base import PoolingModel
-from radixlm.models.llama import Biases, LlamaModel, load_llama_weights
+from radixlm.models.llama import Biases, LlamaModel, llama_biases, load_llama_weights
 from radixlm.models.pooler import PoolingConfig, pool
 
 _QWEN2_BIASES = Biases(qkv=True)
-
-
-def _llama_biases(config: Any) -> Biases:
-    attention_bias = bool(getattr(config, "attention_bias", False))
-    return Biases(attention_bias, attention_bias, bool(getattr(config, "mlp_bias", False)))
 
 
 class LlamaEmbeddingModel(PoolingModel):
@@ -43,7 +38,7 @@ class LlamaEmbeddingModel(PoolingModel):
 
     @staticmethod
     def biases(config: Any) -> Biases:
-        return _llama_biases(config)
+        return llama_biases(config)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 forward_batch: ForwardBatch, input_embeds: torch.Tensor | None = None
@@ -52,7 +47,7 @@ class LlamaEmbeddingModel(PoolingModel):
         return self.model(input_ids, positions, forward_batch, input_embeds)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
+        return self.model.embed(input_ids)
 
     def pool_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                      forward_batch: ForwardBatch) -> torch.Tensor:

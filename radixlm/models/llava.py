@@ -229,6 +229,9 @@ class LlavaForConditionalGeneration(CausalLM):
         """hidden [M, hidden] → float32 logits [M, vocab_size]."""
         return self.language_model.compute_logits(hidden)
 
+    def set_context_length(self, context_len: int) -> None:
+        self.language_model.set_context_length(context_len)
+
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [T] (each < vocab_size) → token embeddings [T, hidden]."""
         return self.language_model.embed_input_ids(input_ids)

@@ -15,6 +15,12 @@ _MODELS: dict[str, str | type[CausalLM]] = {
     "LlamaForCausalLM": "radixlm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "radixlm.models.llama:MistralForCausalLM",
     "Qwen2ForCausalLM": "radixlm.models.llama:Qwen2ForCausalLM",
+    "MinistralForCausalLM": "radixlm.models.llama:MinistralForCausalLM",
+    "Qwen3ForCausalLM": "radixlm.models.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "radixlm.models.qwen3:Qwen3MoeForCausalLM",
+    "Gemma3ForCausalLM": "radixlm.models.gemma3:Gemma3ForCausalLM",
+    "Phi3ForCausalLM": "radixlm.models.phi3:Phi3ForCausalLM",
+    "SmolLM3ForCausalLM": "radixlm.models.smollm3:SmolLM3ForCausalLM",
     "LlavaForConditionalGeneration": "radixlm.models.llava:LlavaForConditionalGeneration",
     "LlavaNextForConditionalGeneration": "radixlm.models.llava:LlavaNextForConditionalGeneration",
     "LlavaOnevisionForConditionalGeneration": (

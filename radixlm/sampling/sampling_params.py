@@ -74,6 +74,10 @@ class SamplingParams:
     # "start" (the output may open a think block), "inside" (it starts in one); None: the
     # server decides from the prompt.
     reasoning_phase: str | None = None
+    # vLLM's: the most tokens inside the think block (with --reasoning-parser); once spent,
+    # the block's end tag is forced and the answer starts. None: the server's
+    # --reasoning-budget (no limit by default).
+    thinking_token_budget: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
@@ -112,6 +116,13 @@ class SamplingParams:
             if text is not None:
                 return kind, text
         return None
+
+    @property
+    def gates_reasoning(self) -> bool:
+        """Whether the think block is gated: a grammar or a thinking budget applies, and
+        the output starts in a think block or may open one."""
+        return (self.grammar is not None or self.thinking_token_budget is not None) and \
+            self.reasoning_phase in ("start", "inside")
 
     @property
     def has_penalties(self) -> bool:
@@ -165,6 +176,9 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+        if self.thinking_token_budget is not None and not _is_int(self.thinking_token_budget):
+            raise ValueError("thinking_token_budget must be an integer, got "
+                             f"{self.thinking_token_budget!r}")
         if self.reasoning_phase not in (None, "none", "start", "inside"):
             raise ValueError("reasoning_phase must be 'none', 'start' or 'inside', got "
                              f"{self.reasoning_phase!r}")
@@ -193,6 +207,9 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.min_new_tokens < 0:
             raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+        if self.thinking_token_budget is not None and self.thinking_token_budget < 0:
+            raise ValueError(f"thinking_token_budget must be >= 0, got "
+                             f"{self.thinking_token_budget}")
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError(
                 f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "

@@ -35,13 +35,17 @@ def update_weights_from_disk(scheduler: Scheduler, msg: UpdateWeightsFromDiskReq
     ok, message = scheduler.runner.update_weights_from_disk(msg.model_path, msg.load_format)
     if ok:
         scheduler.kv.cache.reset()
+        if scheduler.kv.disk is not None:  # the disk tier keys blocks by the new weights
+            from radixlm.scheduler.kv_disk import disk_namespace
+
+            scheduler.kv.disk.tier.set_namespace(disk_namespace(scheduler.args, scheduler.runner))
     return UpdateWeightsFromDiskOut(ok, message)
 
 
 def flush_cache(scheduler: Scheduler) -> FlushCacheOut:
     if scheduler.waiting or scheduler.running or scheduler.num_compiling:
         return FlushCacheOut(False, "Cannot flush the cache while requests are running")
-    scheduler.kv.cache.reset()
+    scheduler.kv.flush()  # the pool's radix tree and the disk tier
     return FlushCacheOut(True)
 
 
@@ -62,6 +66,8 @@ def server_info(scheduler: Scheduler) -> ServerInfoOut:
         grammar_mask_seconds_total=round(
             s.grammar_fill_seconds + runner.grammar_mask_seconds, 6),
         num_grammar_mask_steps=runner.num_grammar_mask_steps,
+        **{f"forward_seconds_{kind}": round(value, 6)
+           for kind, value in s.forward_seconds.items()},
     )
     info.update(s.output.stats())
     if runner.thread_governor is not None:

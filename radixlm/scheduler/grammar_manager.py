@@ -13,7 +13,9 @@ grammars are ready, and its start-up does not wait for them.
 
 With --reasoning-parser, a request whose `reasoning_phase` is "start" or
 "inside" gets its grammar wrapped in a ReasonerGrammar: free inside the think
-block, enforced after it (constrained/reasoner_grammar.py).
+block, enforced after it (constrained/reasoner_grammar.py). A request with a
+thinking budget and no grammar of its own waits here too (for the token texts
+built with the backend) and gets the gate around a FreeGrammar.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class GrammarManager:
             self.eos_token_ids,
             json_whitespace_pattern=self.args.constrained_json_whitespace_pattern,
             json_disable_any_whitespace=self.args.constrained_json_disable_any_whitespace,
+            json_bounded_numbers=not self.args.constrained_json_unbounded_numbers,
         )
         logger.info("Grammar backend %s ready in %.1f s", backend.name, time.monotonic() - start)
         return GrammarCache(backend, num_threads=2,
@@ -110,8 +113,7 @@ class GrammarManager:
         self.queue.append(req)
         self.start()
         cache = self._ready_cache()
-        if cache is not None:
-            assert req.grammar_key is not None
+        if cache is not None and req.grammar_key is not None:
             cache.get_or_submit(*req.grammar_key)
 
     def poll(self) -> GrammarPoll:
@@ -129,7 +131,12 @@ class GrammarManager:
             return GrammarPoll(ready, failed)
         still: list[Req] = []
         for req in self.queue:
-            assert req.grammar_key is not None
+            if req.grammar_key is None:  # a thinking budget alone
+                from radixlm.constrained.reasoner_grammar import FreeGrammar
+
+                req.grammar = self._gated(req, FreeGrammar())
+                ready.append(req)
+                continue
             result = cache.poll(req.grammar_key)
             if not result.ready:
                 still.append(req)
@@ -149,15 +156,16 @@ class GrammarManager:
         from radixlm.constrained.reasoner_grammar import ReasonerGrammar
 
         assert self.token_texts is not None  # built with the backend
-        return ReasonerGrammar(grammar, self.token_texts, *self.think_tags, phase=phase)
+        return ReasonerGrammar(grammar, self.token_texts, *self.think_tags, phase=phase,
+                               budget=req.sampling_params.thinking_token_budget)
 
     def _ready_cache(self) -> GrammarCache | None:
         if self.cache is None and self._cache_future is not None and self._cache_future.done():
             if self._cache_future.exception() is None:
                 self.cache = self._cache_future.result()
                 for req in self.queue:  # start the compilations that waited for the backend
-                    assert req.grammar_key is not None
-                    self.cache.get_or_submit(*req.grammar_key)
+                    if req.grammar_key is not None:
+                        self.cache.get_or_submit(*req.grammar_key)
         return self.cache
 
     def _build_error(self) -> str | None:

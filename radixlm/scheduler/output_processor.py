@@ -37,6 +37,7 @@ class OutputProcessor:
         self.embedding_outs: list[EmbeddingOut] = []  # pooling answers, for the TokenizerManager
         self.num_prompt_tokens_total = 0
         self.num_cached_tokens_total = 0
+        self.num_cached_tokens_disk_total = 0  # the part of it read from the disk tier
         self.num_generation_tokens_total = 0
         self.num_finished_total = 0
 
@@ -105,6 +106,7 @@ class OutputProcessor:
             self.num_finished_total += 1
             self.num_prompt_tokens_total += req.num_prompt_tokens
             self.num_cached_tokens_total += req.num_cached_tokens or 0
+            self.num_cached_tokens_disk_total += req.num_cached_tokens_disk or 0
         self.pending_finished = []
         for req in running:
             if req.stream and req.num_steps_since_send >= self.stream_interval:
@@ -121,6 +123,7 @@ class OutputProcessor:
             prompt_tokens=req.num_prompt_tokens,
             completion_tokens=req.num_output_tokens,
             cached_tokens=req.num_cached_tokens or 0,
+            cached_tokens_disk=req.num_cached_tokens_disk or 0,
             forward_steps=req.num_forward_steps,
             jump_forward_tokens=req.num_jump_forward_tokens,
             spec=SpecCounts(req.num_spec_verify_steps, req.num_spec_draft_tokens,
@@ -150,5 +153,6 @@ class OutputProcessor:
             "num_finished_reqs": self.num_finished_total,
             "num_prompt_tokens_total": self.num_prompt_tokens_total,
             "num_cached_prompt_tokens_total": self.num_cached_tokens_total,
+            "num_cached_prompt_tokens_disk_total": self.num_cached_tokens_disk_total,
             "num_generation_tokens_total": self.num_generation_tokens_total,
         }

@@ -92,15 +92,19 @@ def run_scheduler_process(server_args: ServerArgs, model_dir: str, ports: PortAr
     to_tokenizer: _Sender = (tokenizer_sock if dp_rank is None
                              else _ReplicaSender(tokenizer_sock, dp_rank))
     try:
-        if tp is not None:
+        if tp is not None or server_args.kv_cache_dir is not None:
             # NOTE: SIGTERM (the launcher stopping us) ends the loop, which tells the other
-            # ranks to stop: a rank on another node then exits 0, not "lost rank 0".
+            # ranks to stop: a rank on another node then exits 0, not "lost rank 0"; and
+            # the disk tier finishes its queued writes.
             signal.signal(signal.SIGTERM, lambda *_: _STOP.set())
+        if server_args.kv_cache_dir is not None and server_args.dp_size > 1 and dp_rank is not None:
+            server_args = _replica_disk_tier(server_args, dp_rank)
         scheduler = _build_scheduler(server_args, model_dir, tp)
         to_tokenizer.send_pyobj(SchedulerReady(control.runner_info(scheduler)))
         if scheduler.grammars is not None:
             scheduler.grammars.start()
         _loop(scheduler, recv, to_detok, to_tokenizer)
+        scheduler.close()
         scheduler.runner.stop_workers()
         os._exit(0)  # the parent died: exit now, without joining any worker thread
     except Exception as e:  # noqa: BLE001 - report every failure, then die
@@ -108,6 +112,16 @@ def run_scheduler_process(server_args: ServerArgs, model_dir: str, ports: PortAr
         to_tokenizer.send_pyobj(ProcessError("scheduler", f"{type(e).__name__}: {e}"))
         tokenizer_sock.close(linger=1000)
         sys.exit(1)
+
+
+def _replica_disk_tier(server_args: ServerArgs, dp_rank: int) -> ServerArgs:
+    """A data-parallel replica's own disk tier: a subfolder and its share of the bytes."""
+    import dataclasses
+
+    assert server_args.kv_cache_dir is not None
+    return dataclasses.replace(
+        server_args, kv_cache_dir=os.path.join(server_args.kv_cache_dir, f"dp{dp_rank}"),
+        kv_cache_disk_bytes=max(server_args.kv_cache_disk_bytes // server_args.dp_size, 1))
 
 
 def _build_scheduler(server_args: ServerArgs, model_dir: str,

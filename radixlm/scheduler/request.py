@@ -26,6 +26,7 @@ from radixlm.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from radixlm.constrained.base_grammar_backend import BaseGrammarObject
+    from radixlm.mem_cache.disk_tier import DiskLoad
     from radixlm.speculative.ngram_drafter import SpecState
 
 
@@ -66,9 +67,19 @@ class Req:
         self.cached_len = 0
         self.last_node: Any = None  # the prefix cache's node (see BasePrefixCache)
         self.admit_seq: int | None = None  # order of the latest admission (retraction: newest)
+        # Disk tier (kv_disk.py): whether it waits for its prefix to be read, the load it
+        # waits for, the chain keys of its prompt's blocks (with the length they cover),
+        # the tokens the latest install added to the pool, how far its KV was offered
+        # for writing through.
+        self.disk_waiting = False
+        self.disk_load: DiskLoad | None = None
+        self.disk_keys: tuple[int, list[bytes]] | None = None
+        self.disk_hit_len = 0
+        self.disk_offered_len = 0
 
         # Reporting.
         self.num_cached_tokens: int | None = None  # prefix hit at first admission
+        self.num_cached_tokens_disk: int | None = None  # the part of it read from disk
         self.finished_reason: FinishReason | None = None
         self.num_sent_tokens = 0  # output tokens already sent to the detokenizer
         self.num_steps_since_send = 0

@@ -29,6 +29,7 @@ from radixlm.scheduler.budget import StepBudget
 from radixlm.scheduler.grammar_manager import GrammarManager, build_vocab_mask
 from radixlm.scheduler.groups import SampleGroups
 from radixlm.scheduler.jump_forward import JumpForward
+from radixlm.scheduler.kv_disk import build_disk_tier
 from radixlm.scheduler.kv_manager import KVManager
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.policy import NewTokenRatio, PriorityOrder, order_waiting
@@ -63,6 +64,8 @@ class Scheduler:
             runner.token_to_kv_pool,
             runner.prefix_cache,
             shares_prefixes=not server_args.disable_radix_cache,
+            disk_tier=build_disk_tier(server_args, runner),
+            write_through=server_args.kv_cache_disk_write_policy == "write_through",
         )
         self.output = OutputProcessor(server_args, tokenizer, runner.eos_token_ids,
                                       runner.context_len)
@@ -93,6 +96,8 @@ class Scheduler:
         self.num_admissions = 0
         self.num_steps = 0
         self.grammar_fill_seconds = 0.0  # filling grammar masks (the runner applies them)
+        # Wall time of forward passes (masks included) by the step's kind (metrics).
+        self.forward_seconds = {"extend": 0.0, "decode": 0.0, "mixed": 0.0}
         self.profiler = Profiler(server_args.profile_output_dir, server_args.device)
 
     # ------------------------------------------------------------------ input
@@ -109,19 +114,41 @@ class Scheduler:
             return
         limit = self.args.max_queued_requests
         if limit is not None and len(self.waiting) + self.num_compiling >= limit:
-            self._fail(req, "The request queue is full.", status_code=503)  # SGLang's words
-            return
-        if req.grammar_key is not None:
+            if not self._abort_less_urgent(req):
+                self._fail(req, "The request queue is full.", status_code=503)  # SGLang's words
+                return
+        if req.grammar_key is not None or req.sampling_params.gates_reasoning:
             if self.grammars is None:
-                self._fail(req, "Grammar-constrained decoding is disabled on this server")
+                self._fail(req, "Grammar-constrained decoding (and thinking_token_budget) is "
+                           "disabled on this server (--grammar-backend none)")
             else:
                 self.grammars.add(req)
             return
         self.waiting.append(req)
 
+    def _abort_less_urgent(self, req: Req) -> bool:
+        """With priority scheduling and a full queue: abort the least urgent waiting
+        request (the newest among equals; Batch API traffic first) if `req` is more
+        urgent, as SGLang does; whether one was aborted."""
+        if not self.priority.enabled or not self.waiting:
+            return False
+
+        def key(r: Req) -> tuple[bool, int, int]:
+            return (r.background, self.priority.rank(r), r.arrival_seq)
+
+        victim = max(self.waiting, key=key)
+        if key(req)[:2] >= key(victim)[:2]:
+            return False
+        self.waiting.remove(victim)
+        logger.info("Abort queued request %s for the more urgent %s", victim.rid, req.rid)
+        self._fail(victim, "The request is aborted by a higher priority request.",
+                   status_code=503)  # SGLang's words
+        return True
+
     def _fail(self, req: Req, message: str, status_code: int | None = 400) -> None:
         """Finish a request that is not running (an error for the user, or an abort)."""
         req.finished_reason = FinishReason("abort", message=message, status_code=status_code)
+        req.disk_load = None  # a load other requests do not share is then dropped
         self.output.pending_finished.append(req)
         self.released_rids.append(req.rid)  # a retracted request may have runner state
 
@@ -174,8 +201,10 @@ class Scheduler:
 
     @property
     def can_step_now(self) -> bool:
-        """False when the only work is grammars still compiling (poll, don't spin)."""
-        return bool(self.waiting or self.running or self.output.pending_finished)
+        """False when the only work is grammars still compiling or prefixes being read from
+        the disk tier (poll, don't spin)."""
+        return bool(self.running or self.output.pending_finished
+                    or any(not self.kv.is_loading(r) for r in self.waiting))
 
     # ------------------------------------------------------------------ step
 
@@ -184,7 +213,9 @@ class Scheduler:
         self._take_compiled_grammars()
         plan = self.schedule()
         if plan is not None:
+            start = time.perf_counter()
             result = self._run(plan)
+            self.forward_seconds[_step_kind(plan)] += time.perf_counter() - start
             self._process(plan, result)
             self.profiler.on_step()
         for req in self.output.pending_finished:
@@ -272,7 +303,9 @@ class Scheduler:
                 break
             if not self.groups.allows(req):
                 continue
-            match = self.kv.match(req)
+            match = self.kv.match_for_admission(req)
+            if match is None:  # its prefix is being read from the disk tier
+                continue
             pending = req.num_tokens - len(match.kv_indices)
             if req.whole_prompt:  # all of it in one step (alone if it exceeds the budget)
                 n = pending if pending <= budget.num_tokens_left or not items else 0
@@ -370,3 +403,16 @@ class Scheduler:
     def check_integrity(self) -> None:
         """Assert the KV accounting identity and the pools' and cache's own checks."""
         self.kv.check_integrity(self.running)
+
+    def close(self) -> None:
+        """Before the process exits: let the disk tier finish its queued writes."""
+        self.kv.close()
+
+
+def _step_kind(plan: StepPlan) -> str:
+    """extend (prompt chunks, jump-forward or draft runs only), decode (one token each) or
+    mixed, as SGLang's forward modes name them."""
+    decodes = sum(1 for it in plan.items if it.extend_len == 1)
+    if decodes == len(plan.items):
+        return "decode"
+    return "mixed" if decodes else "extend"

@@ -88,9 +88,9 @@ class ScheduledReq:
 
 def _sampling_spec(req: Req) -> SamplingSpec:
     params = req.sampling_params
-    if req.grammar is not None and params.min_new_tokens > 0:
+    if req.grammar_key is not None and params.min_new_tokens > 0:
         # A grammar decides where the output may end: min_new_tokens must not ban
-        # the EOS it requires.
+        # the EOS it requires. (A thinking budget alone is no such grammar.)
         params = dataclasses.replace(params, min_new_tokens=0)
     num_output = req.num_output_tokens
     needs_output = params.has_penalties or num_output < params.min_new_tokens

@@ -80,7 +80,7 @@ class NgramDrafter:
             and not params.logit_bias
             # A rejected draft's rows would leave hidden states of tokens never output.
             and not req.return_hidden_states
-            and (req.grammar is not None or req.num_output_tokens >= params.min_new_tokens)
+            and (req.grammar_key is not None or req.num_output_tokens >= params.min_new_tokens)
             and req.num_pending_tokens == 1
         )
 

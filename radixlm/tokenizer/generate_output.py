@@ -46,6 +46,7 @@ class GenerateOutput:
     output_top_logprobs: list[list[LogprobItem]] | None = None
     input_token_logprobs: list[LogprobItem | None] | None = None
     input_top_logprobs: list[list[LogprobItem] | None] | None = None
+    cached_tokens_disk: int = 0  # the part of cached_tokens read from the KV disk tier
     # With return_hidden_states: the final hidden states of the positions computed since
     # the previous output, in position order from 0 (the prompt's first).
     hidden_states: list[list[float]] | None = None
@@ -67,6 +68,9 @@ class GenerateOutput:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
+            # Prefix-cache hits per tier: the KV pool, and the disk tier (--kv-cache-dir).
+            "cached_tokens_pool": self.cached_tokens - self.cached_tokens_disk,
+            "cached_tokens_disk": self.cached_tokens_disk,
             "forward_steps": self.forward_steps,
             "jump_forward_tokens": self.jump_forward_tokens,
             "finish_reason": self.finish_reason.to_json() if self.finish_reason else None,

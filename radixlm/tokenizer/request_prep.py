@@ -4,8 +4,8 @@ The prompt is tokenized in the tokenizer workers (unless it came as ids), its
 images and videos are loaded and expanded into their tokens by the
 multimodal processor, and the whole is validated (validation.py): every
 problem is a ValueError (a 400) before anything reaches the scheduler. With
-a reasoning parser, a grammar learns whether it starts inside the think
-block or after it.
+a reasoning parser, a grammar (or a thinking budget) learns whether the
+output starts inside the think block or may open one.
 """
 
 from __future__ import annotations
@@ -65,11 +65,22 @@ class RequestPreparer:
             input_ids, single.image_data or [], single.video_data or [], vocab_size, context_len)
         params = await self.tokenizer_workers.run(
             validate_request, single, input_ids, vocab_size, context_len,
-            self.args.grammar_backend, mm_inputs)
-        if self.args.reasoning_parser and params.grammar and params.reasoning_phase is None:
+            self.args.grammar_backend, mm_inputs, model_info.get("max_total_num_tokens"))
+        self._check_budget(params)
+        gated = params.grammar is not None or params.thinking_token_budget is not None
+        if self.args.reasoning_parser and gated and params.reasoning_phase is None:
             params.reasoning_phase = await self.tokenizer_workers.run(
                 self._reasoning_phase, input_ids)
         return PreparedReq(input_ids, params, mm_inputs)
+
+    def _check_budget(self, params: SamplingParams) -> None:
+        """thinking_token_budget: the server's --reasoning-budget by default; only with a
+        reasoning parser (it knows the think block's tags)."""
+        if params.thinking_token_budget is None:
+            params.thinking_token_budget = self.args.reasoning_budget
+        elif not self.args.reasoning_parser:
+            raise ValueError("thinking_token_budget needs a server started with "
+                             "--reasoning-parser (it knows where the think block ends)")
 
     def _reasoning_phase(self, input_ids: list[int]) -> str | None:
         """Where a grammar starts for this prompt (radixlm.reasoning.gate): after the think

@@ -63,6 +63,7 @@ def output_of(state: SampleState, msg: StrOut, tokenizer: Any) -> GenerateOutput
         prompt_tokens=tok.prompt_tokens,
         completion_tokens=tok.completion_tokens,
         cached_tokens=tok.cached_tokens,
+        cached_tokens_disk=tok.cached_tokens_disk,
         forward_steps=tok.forward_steps,
         jump_forward_tokens=tok.jump_forward_tokens,
         spec=tok.spec,

@@ -34,12 +34,16 @@ def validate_request(
     context_len: int,
     grammar_backend: str = "xgrammar",
     mm_inputs: MultimodalInputs | None = None,
+    kv_pool_size: int | None = None,
 ) -> SamplingParams:
     """Return the request's checked SamplingParams, or raise ValueError.
 
     Ids >= vocab_size are allowed only inside an image's or video's run of pad
     values (`mm_inputs`). `max_new_tokens: None` means up to the end of the
-    context (chat requests without max_tokens). A grammar is only checked for
+    context (chat requests without max_tokens), or of the KV pool where that is
+    smaller (`kv_pool_size`): such a request is admitted and runs until either is
+    full (it is retracted under pressure as any other), as in SGLang, rather than
+    refused for a length it never asked for. A grammar is only checked for
     kind here; whether it compiles is known in the scheduler, which ends a
     request with a bad grammar with an HTTP 400.
     """
@@ -50,7 +54,8 @@ def validate_request(
         raise ValueError(f"Token id {bad} is outside the vocabulary (size {vocab_size})")
     raw = single.sampling_params
     if "max_new_tokens" in raw and raw["max_new_tokens"] is None:
-        raw = {**raw, "max_new_tokens": max(context_len - len(input_ids), 1)}
+        limit = min(context_len, kv_pool_size or context_len)
+        raw = {**raw, "max_new_tokens": max(limit - len(input_ids), 1)}
     params = SamplingParams.from_dict(raw)
     params.verify(vocab_size)
     params.verify_grammar(grammar_backend)

@@ -2,9 +2,11 @@
 
 Two real rank processes on gloo run the same scripted steps (a chunked prefill,
 a prefix hit, a mixed decode; see _tp_ranks.py) on Llama, Qwen2 (q/k/v bias),
-Mistral, and a Llama with one KV head (two ranks: the head is replicated). All
-four models go through one pair of processes, which keeps the test to one
-start-up.
+Mistral, a Llama with one KV head (two ranks: the head is replicated), and the
+families of tests/models/test_families.py: Qwen3 with sliding windows,
+Qwen3-MoE (each expert split over the ranks), Gemma 3, Phi-3 (fused
+checkpoint tensors, partial rotary) and SmolLM3 (NoPE layers). All models go
+through one pair of processes, which keeps the test to one start-up.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from radixlm.distributed.parallel_state import check_tp_layout, free_loopback_addr
 from tests.distributed._tp_ranks import scripted_logits
-from tests.models._forward_harness import build_hf_model
+from tests.models._forward_harness import build_hf_model, perturb_weights
 
 HERE = Path(__file__).parent
 
@@ -28,6 +30,16 @@ CASES = {
     "qwen2": ("qwen2", {}),
     "mistral": ("mistral", {}),
     "llama_one_kv_head": ("llama", {"num_key_value_heads": 1}),
+    # the families of tests/models/test_families.py (sliding windows slide: 8 < 24 tokens)
+    "qwen3_window": ("qwen3", {"head_dim": 16, "use_sliding_window": True,
+                               "sliding_window": 8, "max_window_layers": 1}),
+    "qwen3_moe": ("qwen3_moe", {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                                "moe_intermediate_size": 32, "norm_topk_prob": True}),
+    "gemma3": ("gemma3_text", {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+                               "layer_types": ["sliding_attention", "full_attention"],
+                               "final_logit_softcapping": 30.0}),
+    "phi3": ("phi3", {"pad_token_id": 0, "partial_rotary_factor": 0.5}),
+    "smollm3": ("smollm3", {"pad_token_id": 0, "num_hidden_layers": 4}),
 }
 
 
@@ -37,7 +49,8 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     for name, (model_type, overrides) in CASES.items():
         path = tmp_path_factory.mktemp(name)
         # vocab 250: not a multiple of the TP size, so the last rank's part is padded
-        build_hf_model(model_type, vocab_size=250, **overrides).save_pretrained(path)
+        hf = build_hf_model(model_type, vocab_size=250, **overrides)
+        perturb_weights(hf, extra=("mlp.gate.weight",)).save_pretrained(path)  # MoE routers
         dirs[name] = str(path)
     return dirs
 

@@ -138,3 +138,26 @@ def test_retraction_keeps_grammar_state() -> None:
             assert out["meta_info"]["finish_reason"]["type"] == "stop", out["text"]
             jsonschema.validate(json.loads(out["text"]), PROFILE_SCHEMA)
         _check_kv(engine)
+
+
+def test_thinking_budget_closes_the_block_then_the_grammar_rules() -> None:
+    """thinking_token_budget on the real model (deepseek-r1: the output starts inside the
+    block): the end tag comes once the budget is spent, with or without a grammar of the
+    request's own, which then rules the answer. Budget 0 answers at once."""
+    with Engine(max_total_tokens=4096, reasoning_parser="deepseek-r1") as engine:
+        free = engine.generate("Think about Paris.", {"thinking_token_budget": 6,
+                                                      "max_new_tokens": 40, "temperature": 0})
+        thought, _, answer = free["text"].partition("</think>")
+        assert _ and len(engine.tokenizer.encode(thought)) <= 6 + 2, free["text"]
+        digits = engine.generate("Think, then give a number.", {
+            "thinking_token_budget": 4, "regex": "[0-9]{3}", "max_new_tokens": 40,
+            "temperature": 0})
+        thought, _, answer = digits["text"].partition("</think>")
+        # (whitespace in the token that ended the tag is not the grammar's: reasoner_grammar)
+        assert _ and re.fullmatch("[0-9]{3}", answer.strip()), digits["text"]
+        now = engine.generate("Think, then give a number.", {
+            "thinking_token_budget": 0, "regex": "[0-9]{3}", "max_new_tokens": 40,
+            "temperature": 0})
+        assert now["text"].startswith("</think>") or now["text"].lstrip().startswith("</"), now
+        assert re.fullmatch("[0-9]{3}", now["text"].partition("</think>")[2].strip()), now
+        _check_kv(engine)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -256,3 +256,20 @@ def fake_starter(tm: FakeTokenizerManager, ready: asyncio.Event | None = None) -
 
 def new_rid() -> str:
     return uuid.uuid4().hex
+
+
+def serve_fake(tokenizer: Any, reply: str = REPLY, context_length: int = 4096,
+               **args: Any) -> Iterator[tuple[Any, FakeTokenizerManager]]:
+    """A TestClient over the real app on a fake runtime that "generates" `reply`, once
+    healthy (a generator: `yield from` it in a fixture); `args` are ServerArgs fields."""
+    from starlette.testclient import TestClient
+
+    from radixlm.entrypoints.http_server import create_app
+
+    tm = FakeTokenizerManager(tokenizer, context_length=context_length, reply=reply)
+    app = create_app(ServerArgs(served_model_name="fake", **args), fake_starter(tm))
+    with TestClient(app, raise_server_exceptions=False, base_url="http://localhost") as c:
+        for _ in range(1000):
+            if c.get("/health").status_code == 200:
+                break
+        yield c, tm

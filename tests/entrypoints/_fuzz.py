@@ -42,7 +42,7 @@ MEDIA = ["", "data:image/png;base64,AAAA", "iVBORw0KGgo=", "/etc/passwd",
          "file:///etc/hostname", "http://127.0.0.1:1/x.png", "HTTP://[::1]/", "x" * 64]
 # Optional in the schema but needed in practice (a chat message's content): nearly always
 # drawn; constraints rarely (two in one body are a 400 that hides everything else).
-USUALLY_PRESENT = {"content", "text", "sampling_params", "max_new_tokens"}
+USUALLY_PRESENT = {"content", "text", "sampling_params", "max_new_tokens", "num_predict"}
 RARELY_PRESENT = {"suffix", "best_of", "tool_calls", "regex", "ebnf", "json_schema",
                   "response_format", "structural_tag", "continue_final_message"}
 
@@ -165,9 +165,12 @@ class _Builder:
         if "sampling_params" in props:  # /generate's free dict: give it its real fields
             props["sampling_params"] = {"anyOf": [NATIVE_SAMPLING, {
                 "type": "array", "items": NATIVE_SAMPLING, "minItems": 1, "maxItems": 2}]}
-        for name in ("image_data", "video_data", "url"):
+        for name in ("image_data", "video_data", "url", "data"):
             if name in props:  # media sources: also the forms the loader tells apart
                 props[name] = {"anyOf": [props[name], {"enum": MEDIA}]}
+        if "images" in props:  # Ollama's images: a list of sources
+            props["images"] = {"anyOf": [props["images"], {"type": "array", "items": {
+                "enum": MEDIA}, "maxItems": 2}]}
         extra = schema.get("additionalProperties")
         if not props:
             value = self.build(extra, depth + 1) if isinstance(extra, dict) else Field(
@@ -227,7 +230,7 @@ def bound_cost(body: Any, max_tokens: int = 8, max_n: int = 3) -> Any:
         return body
     out = {k: bound_cost(v, max_tokens, max_n) for k, v in body.items()}
     for key in ("max_tokens", "max_completion_tokens", "max_new_tokens", "min_tokens",
-                "min_new_tokens"):
+                "min_new_tokens", "num_predict"):
         if _is_int(out.get(key)) and out[key] > max_tokens:
             out[key] = max_tokens
     if _is_int(out.get("n")) and 1 < out["n"] <= 128:

@@ -241,7 +241,10 @@ def test_chat_and_chat_stream(client: TestClient) -> None:
     for i in (0, 1):
         deltas = [e["choices"][0] for e in events if e["choices"] and
                   e["choices"][0]["index"] == i]
-        assert deltas[0]["delta"] == {"role": "assistant", "content": ""}
+        # SGLang's shape: reasoning_content in every delta, null when there is none.
+        assert deltas[0]["delta"] == {"role": "assistant", "content": "",
+                                      "reasoning_content": None}
+        assert all(d["delta"]["reasoning_content"] is None for d in deltas)
         assert "".join(d["delta"].get("content", "") for d in deltas) == REPLY[:3]
         assert sum(d["finish_reason"] is not None for d in deltas) == 1
     assert events[-1]["usage"]["completion_tokens"] == 6

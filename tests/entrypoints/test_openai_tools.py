@@ -105,7 +105,11 @@ def test_responses_translation() -> None:
     assert chat.max_tokens == 9 and chat.tools is not None
     assert chat.tool_choice == {"type": "function", "function": {"name": "get_weather"}}
     assert chat.response_format is not None and chat.response_format.type == "json_object"
-    for bad in ({"previous_response_id": "r"}, {"store": True},
-                {"tools": [{"type": "web_search"}]}, {"text": {"format": {"type": "xml"}}}):
+    history = [{"role": "user", "content": "before"}, {"role": "assistant", "content": "ok"}]
+    chat = to_chat_request(req, history)  # a previous response's conversation, then input
+    assert [m.role for m in chat.messages] == ["system", "user", "assistant", "user",
+                                               "assistant", "tool"]
+    for bad in ({"tools": [{"type": "web_search"}]}, {"text": {"format": {"type": "xml"}}},
+                {"input": []}):
         with pytest.raises(APIError):
             to_chat_request(ResponsesRequest.model_validate({"input": "hi", **bad}))

@@ -34,7 +34,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "models"))
 from _tiny_llava import png_bytes  # noqa: E402
 from _tiny_llava_checkpoint import build_checkpoint  # noqa: E402
 
+from radixlm.entrypoints.anthropic.protocol import (  # noqa: E402
+    CountTokensRequest,
+    MessagesRequest,
+)
 from radixlm.entrypoints.native_api import AbortRequest, GenerateRequest  # noqa: E402
+from radixlm.entrypoints.ollama import protocol as ollama  # noqa: E402
 from radixlm.entrypoints.openai.protocol import (  # noqa: E402
     ChatCompletionRequest,
     CompletionRequest,
@@ -365,6 +370,9 @@ FUZZ_CASES = [  # route, request model, examples
     ("/generate", GenerateRequest, 300), ("/v1/completions", CompletionRequest, 200),
     ("/v1/chat/completions", ChatCompletionRequest, 150), ("/v1/tokenize", TokenizeRequest, 80),
     ("/v1/detokenize", DetokenizeRequest, 80), ("/abort_request", AbortRequest, 40),
+    ("/v1/messages", MessagesRequest, 120), ("/v1/messages/count_tokens", CountTokensRequest, 40),
+    ("/api/chat", ollama.ChatRequest, 120), ("/api/generate", ollama.GenerateRequest, 80),
+    ("/api/show", ollama.ShowRequest, 20), ("/api/embed", ollama.EmbedRequest, 20),
 ]
 FUZZ_STATS: Counter[tuple[str, int]] = Counter()
 FUZZ_SECONDS: list[float] = []
@@ -380,10 +388,28 @@ def _fuzz_post(hard: Hardened, route: str, content: bytes) -> None:
     FUZZ_STATS[(route, r.status_code)] += 1
     assert r.status_code < 500, (route, content[:2000], r.text[:2000])
     assert elapsed < 30, (route, content[:2000], elapsed)
-    if r.headers.get("content-type", "").startswith("text/event-stream"):
+    kind = r.headers.get("content-type", "")
+    if r.status_code >= 400:
+        _check_error_shape(route, r.json())
+    elif kind.startswith("text/event-stream"):
         for line in r.text.splitlines():
             if line.startswith("data: {") and '"error"' in line[:12]:
                 assert json.loads(line[6:])["error"]["code"] < 500, (route, content, line)
+            elif line.startswith('data: {"type":"error"'):  # Anthropic's error event
+                assert json.loads(line[6:])["error"]["type"] != "api_error", (route, line)
+    elif kind.startswith("application/x-ndjson"):  # Ollama's stream: an error is a line
+        for line in r.text.splitlines():
+            assert "Internal server error" not in line, (route, content, line)
+
+
+def _check_error_shape(route: str, body: Any) -> None:
+    """Each API's errors in its own shape (OpenAI's elsewhere)."""
+    if route.startswith("/v1/messages"):
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+    elif route.startswith("/api/"):
+        assert list(body) == ["error"] and isinstance(body["error"], str), body
+    else:
+        assert body["object"] == "error", body
 
 
 @pytest.mark.parametrize("route,model,num_examples", FUZZ_CASES,
@@ -446,7 +472,8 @@ def test_fuzz_raw_bytes_methods_and_paths(hard: Hardened, capsys: pytest.Capture
     @settings(FUZZ, max_examples=80)
     @given(method=st.sampled_from(["GET", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
            path=st.sampled_from(routes + ["/health", "/health_generate", "/get_model_info",
-                                          "/get_server_info", "/metrics", "/v1/models"])
+                                          "/get_server_info", "/metrics", "/v1/models",
+                                          "/api/tags", "/api/ps", "/api/version"])
            | st.text(st.characters(codec="ascii", categories=["L", "N"]), max_size=20).map(
                lambda s: "/v1/models/" + s))
     def other(method: str, path: str) -> None:
@@ -454,6 +481,8 @@ def test_fuzz_raw_bytes_methods_and_paths(hard: Hardened, capsys: pytest.Capture
         FUZZ_STATS[(f"{method} {path.split('/v1/models/')[0] or '/v1/models/<id>'}",
                     r.status_code)] += 1
         assert r.status_code < 500, (method, path, r.text)
+        if r.status_code >= 400 and method != "HEAD":
+            _check_error_shape(path, r.json())
 
     raw()
     other()

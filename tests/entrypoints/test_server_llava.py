@@ -134,6 +134,31 @@ def test_multi_turn_with_an_image_in_the_first_turn(served: Served) -> None:
     _check_chat(served, messages, text, [DOG])
 
 
+def test_anthropic_and_ollama_images_answer_as_openai(served: Served) -> None:
+    """An image as an Anthropic `image` block (base64) and as an Ollama message's
+    `images`: the same prompt and greedy reply as the OpenAI chat's data URL."""
+    b64 = base64.b64encode(_png(CAT)).decode()
+    openai = _ok(served.http.post("/v1/chat/completions", json={
+        "messages": [_user(CAT, "What is this?")], "max_tokens": NUM_NEW, "temperature": 0}))
+    anthropic = _ok(served.http.post("/v1/messages", json={
+        "model": "m", "max_tokens": NUM_NEW, "temperature": 0, "messages": [
+            {"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": b64}},
+                {"type": "text", "text": "What is this?"}]}]}))
+    ollama = _ok(served.http.post("/api/chat", json={
+        "model": "m", "stream": False, "options": {"temperature": 0, "num_predict": NUM_NEW},
+        "messages": [{"role": "user", "content": "What is this?", "images": [b64]}]}))
+    text = openai["choices"][0]["message"]["content"]
+    assert anthropic["content"][0]["text"] == text == ollama["message"]["content"]
+    usage = anthropic["usage"]
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] == openai["usage"][
+        "prompt_tokens"] == ollama["prompt_eval_count"]
+    show = _ok(served.http.post("/api/show", json={"model": _ok(served.http.get(
+        "/api/tags"))["models"][0]["name"]}))
+    assert "vision" in show["capabilities"]
+
+
 def test_concurrent_mixed_batch(served: Served) -> None:
     conversations = [
         [_user(CAT, "What is this?")],

@@ -122,6 +122,33 @@ def test_native_encode_and_prefix_cache(embedder: Served, tokenizer: Any) -> Non
     assert info["normalize"] is True
 
 
+def test_ollama_embed(embedder: Served, tokenizer: Any) -> None:
+    import ollama
+
+    client = ollama.Client(host=str(embedder.http.base_url).rstrip("/"))
+    many = client.embed(model="m", input=TEXTS)
+    assert len(many.embeddings) == len(TEXTS)
+    for vector, text in zip(many.embeddings, TEXTS):
+        _close(list(vector), reference_embedding(embedder.ref, tokenizer.encode(text)))
+    assert many.prompt_eval_count == sum(len(tokenizer.encode(t)) for t in TEXTS)
+    assert many.total_duration and many.total_duration > 0
+    one = client.embeddings(model="m", prompt=TEXTS[0])  # the older route
+    _close(list(one.embedding), reference_embedding(embedder.ref, tokenizer.encode(TEXTS[0])))
+    # Longer than the context: cut to it by default (Ollama's truncate), else a 400.
+    context = embedder.http.get("/get_model_info").json()["context_length"]
+    long = "x" * (context + 50)
+    cut = client.embed(model="m", input=long).embeddings[0]
+    _close(list(cut), reference_embedding(embedder.ref, tokenizer.encode(long)[:context]))
+    with pytest.raises(ollama.ResponseError) as e:
+        client.embed(model="m", input=long, truncate=False)
+    assert e.value.status_code == 400 and "context length" in e.value.error
+    name = client.list().models[0].model
+    assert name is not None and client.show(name).capabilities == ["embedding"]
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.status_code == 400 and "does not generate" in e.value.error
+
+
 @pytest.mark.parametrize("path,body,needle", [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "does not generate"),
     ("/v1/completions", {"prompt": "hi"}, "does not generate"),

@@ -118,13 +118,14 @@ def test_default_server_auto_and_a_tool_result(oai: Any) -> None:
 @pytest.mark.parametrize("body, words", [
     ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, ["name is required"]),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"type": "nope"}}}}}]}, ["not a valid JSON schema"]),
+        "type": "object", "properties": {"a": {"type": "nope"}}}}}]},
+     ["Tool 0 function has invalid 'parameters' schema"]),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "other"}}},
-     ["'other'", "not in tools"]),
+     ["Tool 'other' not found in tools list."]),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
      ["cannot be combined"]),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, ["tool_choice"]),
-    ({"tool_choice": "required"}, ["needs tools"]),
+    ({"tool_choice": "required"}, ["Tools cannot be empty if tool choice is set to required."]),
     ({"regex": "a", "guided_regex": "b"}, ["Only one constraint"]),
     ({"guided_choice": []}, ["at least one"]),
     ({"structured_outputs": {"unknown": 1}}, ["unknown"]),
@@ -207,9 +208,10 @@ def test_responses_text_json_schema_and_tool(oai: Any) -> None:
     assert args == "".join(c.arguments for c in streamed)
     for call in streamed:
         jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
-    for bad in ({"previous_response_id": "resp_1"}, {"store": True}):
-        with pytest.raises(openai.BadRequestError):
-            oai.responses.create(model="m", input="hi", **bad)
+    stored = oai.responses.retrieve(final.id)  # store: true by default (OpenAI's)
+    assert stored.id == final.id and stored.output_text == final.output_text
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.create(model="m", input="hi", previous_response_id="resp_1")
 
 
 # ------------------------------------------------------ a tool-capable template file

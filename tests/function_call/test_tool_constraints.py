@@ -327,3 +327,84 @@ def test_markup_that_is_one_token_is_allowed_as_that_token(backend: str, marker_
             if mode == "auto":
                 marker = parser.markers[0]
                 assert not accepts(grammar, marker_tokenizer, eos, f"Hi {marker} oops")
+
+
+# -- issue 32: nested models ($defs / definitions) and bounded calls -----------------------
+
+ADDRESS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+NESTED_TOOLS = [
+    ToolSpec("add_user", {  # a pydantic model with nested models
+        "$defs": {"Address": ADDRESS, "User": {"type": "object", "properties": {
+            "name": {"type": "string"}, "home": {"$ref": "#/$defs/Address"}},
+            "required": ["name", "home"]}},
+        "type": "object", "properties": {"user": {"$ref": "#/$defs/User"},
+                                         "more": {"type": "array", "items": {
+                                             "$ref": "#/$defs/Address"}, "maxItems": 2}},
+        "required": ["user"]}),
+    # draft-04 "definitions", and the same definition name meaning something else
+    ToolSpec("tag", {"definitions": {"User": {"type": "string", "enum": ["a", "b"]}},
+                     "type": "object", "properties": {"who": {"$ref": "#/definitions/User"}},
+                     "required": ["who"]}),
+]
+GOOD_USER = {"user": {"name": "Ann", "home": {"city": "Paris"}}, "more": [{"city": "Rome"}]}
+BAD_USER = {"user": {"name": "Ann", "home": {"town": "Paris"}}}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("parser_name", PARSERS)
+def test_nested_models_in_parameters_on_every_parser_and_backend(
+    parser_name: str, backend: str, backends: dict[str, BaseGrammarBackend], tokenizer: Any,
+    eos_token_ids: list[int], preferred_ids: np.ndarray,
+) -> None:
+    parser = get_tool_parser(parser_name, NESTED_TOOLS)
+    compact = backend == "outlines"
+    separators = (",", ":") if compact else (", ", ": ")
+
+    def text(*calls: tuple[str, dict]) -> str:
+        if parser_name == "generic" and compact:
+            return json.dumps({"tool_calls": [{"name": n, "arguments": a} for n, a in calls]},
+                              separators=separators)
+        return parser.render("", [ToolCall(n, json.dumps(a, separators=separators))
+                                  for n, a in calls])
+
+    for mode in ("required", "auto"):
+        if not expressible(parser_name, mode, backend):
+            continue
+        kind, grammar_text = parser.constraint(NESTED_TOOLS, ToolChoice(mode),  # type: ignore[arg-type]
+                                               backend=backend)
+        grammar = backends[backend].compile(kind, grammar_text)
+        goods = [text(("add_user", GOOD_USER), ("tag", {"who": "b"}))]
+        if backend == "outlines" and parser_name in ("hermes", "llama3"):  # one call: see above
+            goods = [text(("add_user", GOOD_USER)), text(("tag", {"who": "b"}))]
+        for good in goods:
+            assert accepts(grammar, tokenizer, eos_token_ids[0], good), (mode, good)
+        assert not accepts(grammar, tokenizer, eos_token_ids[0], text(("add_user", BAD_USER)))
+        assert not accepts(grammar, tokenizer, eos_token_ids[0], text(("tag", {"who": "c"})))
+    kind, grammar_text = parser.constraint(NESTED_TOOLS, ToolChoice("required"), backend=backend)
+    grammar = backends[backend].compile(kind, grammar_text)
+    schemas = {t.name: t.object_schema for t in NESTED_TOOLS}
+    for seed in range(2):
+        calls = parser.parse(sample(grammar.copy(), backends[backend], seed, preferred_ids))
+        assert calls.tool_calls
+        for call in calls.tool_calls:
+            jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("parser_name", PARSERS)
+def test_the_call_limit_is_in_the_grammar(
+    parser_name: str, backend: str, backends: dict[str, BaseGrammarBackend], tokenizer: Any,
+    eos_token_ids: list[int],
+) -> None:
+    time_calls = [("get_time", {}), ("get_weather", WEATHER), ("search", SEARCH)]
+    for mode in ("required", "auto"):
+        if not expressible(parser_name, mode, backend):
+            continue
+        parser = get_tool_parser(parser_name, TOOLS)
+        grammar = backends[backend].compile(*parser.constraint(
+            TOOLS, choice_of(mode), max_calls=2, backend=backend))
+        two = text_for(parser_name, backend, "", time_calls[:2])
+        three = text_for(parser_name, backend, "", time_calls)
+        if not (backend == "outlines" and parser_name in ("hermes", "llama3")):  # see above
+            assert accepts(grammar, tokenizer, eos_token_ids[0], two), (mode, two)
+        assert not accepts(grammar, tokenizer, eos_token_ids[0], three), (mode, three)

@@ -3,7 +3,9 @@
 For each recorded text: fed one character at a time, cut in two at every
 character boundary, and cut at random; the joined deltas equal the
 non-streamed parse (for malformed text: each other), the delta shapes are
-OpenAI's, and no content delta shows a format's markup.
+OpenAI's (one entry per call, carrying its id, name and whole arguments), and
+no content delta shows a format's markup. A text cut off (max_tokens) keeps its
+complete calls and never shows the cut one, streamed or not.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ from radixlm.function_call import (
 )
 
 
-def run_stream(parser: ToolParser, pieces: list[str]) -> tuple[ParseResult, list[StreamDelta]]:
+def run_stream(parser: ToolParser, pieces: list[str], cut: bool = False
+               ) -> tuple[ParseResult, list[StreamDelta]]:
     ids = (f"call_{i}" for i in itertools.count())
     stream = parser.stream(id_factory=lambda: next(ids))
     deltas: list[StreamDelta] = []
     for piece in pieces:
         deltas += stream.feed(piece)
-    deltas += stream.finish()
+    deltas += stream.finish(cut=cut)
     return joined(deltas), deltas
 
 
@@ -47,17 +50,14 @@ def joined(deltas: list[StreamDelta]) -> ParseResult:
             content += delta.text
             continue
         assert isinstance(delta, ToolCallDelta)
-        if delta.id is not None:  # the first delta of a call
-            assert delta.index == len(calls), "calls start in index order"
-            assert delta.name and delta.arguments == ""
-            assert delta.id not in ids
-            ids.add(delta.id)
-            calls.append([delta.name, ""])
-            assert delta.to_openai()["type"] == "function"
-        else:
-            assert delta.name is None and delta.arguments
-            assert delta.index == len(calls) - 1, "fragments belong to the latest call"
-            calls[-1][1] += delta.arguments
+        # One delta per call, once complete: id, name and arguments that parse.
+        assert delta.id is not None and delta.name
+        assert delta.index == len(calls), "calls come in index order"
+        assert delta.id not in ids
+        ids.add(delta.id)
+        assert isinstance(json.loads(delta.arguments), dict)
+        calls.append([delta.name, delta.arguments])
+        assert delta.to_openai()["type"] == "function"
     return ParseResult(content, [ToolCall(n, a) for n, a in calls])
 
 
@@ -100,25 +100,58 @@ def test_malformed_text_never_raises_and_streams_the_same_at_every_cut(name: str
         assert run_stream(parser, pieces)[0] == first, pieces
 
 
-def test_late_break_keeps_streamed_call_and_parse_returns_content() -> None:
+def test_late_break_never_shows_the_broken_call() -> None:
     parser = get_tool_parser("hermes", TOOLS)
     text = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": }}\n</tool_call> ok'
     assert parser.parse(text) == ParseResult(text, [])
     streamed, _ = run_stream(parser, list(text))
-    assert [c.name for c in streamed.tool_calls] == ["get_time"]
-    assert streamed.tool_calls[0].arguments == '{"timezone": '
+    assert streamed == ParseResult(text, [])  # nothing of it was shown: all content
 
 
-def test_arguments_stream_in_fragments_before_the_call_ends() -> None:
+def test_a_call_is_one_delta_once_complete() -> None:
     parser = get_tool_parser("hermes", TOOLS)
-    stream = parser.stream()
-    first = stream.feed('<tool_call>\n{"name": "get_weather", "arguments": {"loc')
-    assert [type(d) for d in first] == [ToolCallDelta, ToolCallDelta]
-    assert isinstance(first[0], ToolCallDelta) and first[0].name == "get_weather"
-    assert isinstance(first[1], ToolCallDelta) and first[1].arguments == '{"loc'
+    stream = parser.stream(id_factory=lambda: "call_1")
+    assert stream.feed('<tool_call>\n{"name": "get_weather", "arguments": {"loc') == []
     second = stream.feed('ation": "Paris"}}\n</tool')
-    assert second == [ToolCallDelta(0, None, None, 'ation": "Paris"}')]
+    assert second == [ToolCallDelta(0, "call_1", "get_weather", '{"location": "Paris"}')]
+    assert second[0].to_openai() == {"index": 0, "id": "call_1", "type": "function",
+                                     "function": {"name": "get_weather",
+                                                  "arguments": '{"location": "Paris"}'}}
     assert stream.feed("_call>") == [] and stream.finish() == []
+
+
+# Texts cut off by max_tokens, the complete calls they keep and the content.
+CUT = [
+    ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+     '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Par', "", ["get_time"]),
+    ("hermes", 'Let me see. <tool_call>\n{"name": "get_wea', "Let me see.", []),
+    ("hermes", "Let me see. <tool_c", "Let me see.", []),
+    ("generic", '{"tool_calls": [{"name": "get_time", "arguments": {}}, {"name": "search", '
+     '"arguments": {"query": "Paris', "", ["get_time"]),
+    ("generic", '{"tool_calls": [{"name": "get_ti', "", []),
+    ("generic", '{"content": "Paris is sun', "Paris is sun", []),
+    ("llama3", '{"name": "get_time", "parameters": {}}; {"name": "search", "parameters": {"q',
+     "", ["get_time"]),
+    ("mistral", '[TOOL_CALLS] [{"name": "get_time", "arguments": {}}, {"name": "sea', "",
+     ["get_time"]),
+    ("mistral", '[TOOL_CALLS]get_time[ARGS]{"timezone": "U', "", []),
+    ("pythonic", '[get_time(), search(query="Par', "", ["get_time"]),
+]
+
+
+@pytest.mark.parametrize("name, text, content, calls", CUT,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CUT)])
+def test_cut_text_keeps_complete_calls_and_drops_the_cut_one(
+        name: str, text: str, content: str, calls: list[str]) -> None:
+    parser = get_tool_parser(name, TOOLS)
+    parsed = parser.parse(text, cut=True)
+    assert parsed.content == content
+    assert [c.name for c in parsed.tool_calls] == calls
+    for pieces in cuts(text):
+        streamed, deltas = run_stream(parser, pieces, cut=True)
+        assert streamed == parsed, pieces
+        for marker in MARKUP[name]:
+            assert all(marker not in d.text for d in deltas if isinstance(d, ContentDelta))
 
 
 def test_text_before_a_call_streams_as_content_at_once() -> None:

@@ -14,7 +14,7 @@ import torch
 from radixlm.layers.attention import create_attention_backend
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model_executor.forward_batch import ForwardBatch
-from radixlm.model_loader import gguf_convert
+from radixlm.model_loader import gguf_arch, gguf_convert
 from radixlm.model_loader.default_model import (
     default_model_path,
     display_name,
@@ -158,9 +158,9 @@ def test_unpermute_inverts_llama_cpp_permutation() -> None:
         )
 
     w = torch.randn(3 * 8, 5)
-    torch.testing.assert_close(gguf_convert.unpermute_qk(llama_cpp_permute(w, 3), 3), w)
+    torch.testing.assert_close(gguf_arch.unpermute_qk(llama_cpp_permute(w, 3), 3), w)
     b = torch.randn(3 * 8)
-    torch.testing.assert_close(gguf_convert.unpermute_qk(llama_cpp_permute(b, 3), 3), b)
+    torch.testing.assert_close(gguf_arch.unpermute_qk(llama_cpp_permute(b, 3), 3), b)
 
 
 def test_concurrent_conversion_keeps_the_first_complete_folder(

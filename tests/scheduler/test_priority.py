@@ -142,3 +142,37 @@ def test_batch_log_lines_as_sglang_prints_them(caplog: pytest.LogCaptureFixture)
                   "#queue-req: 0,"):
         assert field in decode[0]
     assert "Abort running request. rid='b', reason: Client disconnected" in lines
+
+
+def _abort_messages(s: Scheduler) -> dict[str, str | None]:
+    """Finished-by-abort requests and their messages, from the outputs of one step."""
+    return {out.rid: out.finished_reason.message for out in s.step()
+            if out.finished_reason is not None and out.finished_reason.type == "abort"}
+
+
+@pytest.mark.parametrize("low_first", [False, True])
+def test_full_queue_aborts_the_least_urgent_waiting_request(low_first: bool) -> None:
+    sign = -1 if low_first else 1
+    s = make_scheduler(max_running_requests=1, max_queued_requests=2,
+                       enable_priority_scheduling=True,
+                       schedule_low_priority_values_first=low_first)
+    submit(s, "running", 0, max_new_tokens=20)
+    s.step()
+    submit(s, "low", sign * 1)
+    submit(s, "mid", sign * 5)  # the queue is full now
+    submit(s, "urgent", sign * 9)  # more urgent than "low": "low" goes, SGLang's words
+    submit(s, "lowest", sign * -3)  # less urgent than every waiting one: refused itself
+    aborted = _abort_messages(s)
+    assert aborted == {"low": "The request is aborted by a higher priority request.",
+                       "lowest": "The request queue is full."}
+    order, _ = finish_order(s)
+    assert order == ["running", "urgent", "mid"]
+
+
+def test_full_queue_without_priority_refuses_the_newcomer() -> None:
+    s = make_scheduler(max_running_requests=1, max_queued_requests=1)
+    submit(s, "running", 0, max_new_tokens=20)
+    s.step()
+    submit(s, "a", 0)
+    submit(s, "b", 100)
+    assert _abort_messages(s) == {"b": "The request queue is full."}

@@ -14,7 +14,7 @@ import torch
 from test_scheduler import EOS, FakeRunner, FakeTokenizer, run_all, submit
 
 from radixlm.constrained.base_grammar_backend import GrammarError, mask_to_bool
-from radixlm.constrained.reasoner_grammar import ReasonerGrammar, TokenTexts
+from radixlm.constrained.reasoner_grammar import FreeGrammar, ReasonerGrammar, TokenTexts
 from radixlm.model_executor.forward_step import ForwardStep, StepResult
 from radixlm.scheduler.scheduler import Scheduler
 from radixlm.server_args import ServerArgs
@@ -82,13 +82,14 @@ class ScriptedRunner(FakeRunner):
         return result
 
 
-def _run(script: list[int], phase: str) -> tuple[list[int], DigitsGrammar]:
+def _run(script: list[int], phase: str, budget: int | None = None,
+         inner: Any = None) -> tuple[list[int], Any]:
     s = Scheduler(ServerArgs(disable_jump_forward=True), ScriptedRunner(script),  # type: ignore[arg-type]
                   FakeTokenizer())  # type: ignore[arg-type]
     submit(s, "r", [5, 6, 7], max_new_tokens=40)
-    inner = DigitsGrammar()
+    inner = DigitsGrammar() if inner is None else inner
     s.waiting[-1].grammar = ReasonerGrammar(inner, TokenTexts(TEXTS), "<think>", "</think>",
-                                            phase)  # type: ignore[arg-type]
+                                            phase, budget)
     return run_all(s)["r"], inner
 
 
@@ -145,3 +146,47 @@ def test_copy_starts_fresh() -> None:
     g.accept_token(ID["</think>"])
     fresh: Any = g.copy()
     assert g.phase == "active" and fresh.phase == "reasoning"
+
+
+# -- thinking_token_budget -----------------------------------------------------------------
+
+
+def test_budget_forces_the_end_tag_then_the_answer_grammar() -> None:
+    thought = ids("h", "m", "7", " ", "o", "k")
+    out, inner = _run(thought + ids("</think>", "n", "o"), "inside", budget=2)
+    assert out[:3] == ids("h", "m", "</think>")  # two thinking tokens, then the end forced
+    assert out[3:] == [DIGITS[0]] * 3 + [EOS] and inner.accepted == out[3:]
+
+
+def test_budget_continues_an_end_tag_already_begun() -> None:
+    out, _ = _run(ids("a", "</", "x", "y"), "inside", budget=2)
+    text = "".join(TEXTS[t] for t in out if t != EOS)
+    assert text == "a</think>000"  # each token brings the tag closer (no stalling)
+
+
+def test_budget_zero_answers_at_once() -> None:
+    out, _ = _run(ids("h", "m", "1", "2", "3"), "inside", budget=0)
+    assert out == ids("</think>", "0", "1", "2") + [EOS]  # "h" and "m" were not allowed
+    out, inner = _run(ids("<think>", "h", "1"), "start", budget=0)  # may not even open it
+    assert out == ids("0", "0", "1") + [EOS] and inner.accepted == out
+
+
+def test_budget_counts_after_an_opened_block_and_gates_a_free_answer() -> None:
+    script = ids("<think>", "a", "b", "c", "x", "y")
+    out, _ = _run(script, "start", budget=2, inner=FreeGrammar())
+    assert out[:4] == ids("<think>", "a", "b", "</think>")
+    assert out[4:6] == ids("x", "y")  # no grammar of its own: the answer is free
+
+
+def test_budget_rolls_back_across_the_closing() -> None:
+    g = ReasonerGrammar(DigitsGrammar(), TokenTexts(TEXTS), "<think>", "</think>", "inside", 1)
+    g.accept_token(ID["a"])
+    assert g.phase == "closing"
+    mask = torch.full((1, 4), -1, dtype=torch.int32)
+    g.fill_vocab_mask(mask, 0)
+    allowed = set(mask_to_bool(mask[0], VOCAB).nonzero().flatten().tolist())
+    assert allowed == {ID["</think>"], ID["</"], ID["<"]}
+    g.accept_token(ID["</think>"])
+    assert g.phase == "active"
+    g.rollback(2)
+    assert g.phase == "reasoning"

@@ -37,6 +37,8 @@ class AgentSettings:
     keep_special_tokens: bool  # some markup is a special token: do not skip them
     reasoning_parser: str | None
     tool_call_constrained: bool
+    max_calls: int = 16  # --max-tool-calls-per-turn
+    bounded_numbers: bool = True  # not --constrained-json-unbounded-numbers
 
     def parser(self, tools: Any = None) -> ToolParser:
         return get_tool_parser(self.tool_parser, tools)
@@ -74,7 +76,9 @@ def choose_agent_settings(args: ServerArgs, template: ChatTemplate, tokenizer: A
     keep = any(i in special_ids for i in ids.values())
     logger.info("Tool-call parser: %s (%s)%s", choice.name, choice.reason,
                 "; special tokens kept in tool requests" if keep else "")
-    if args.reasoning_parser:
-        logger.info("Reasoning parser: %s (--reasoning-parser)", args.reasoning_parser)
+    # (chosen at start-up: --reasoning-parser, else the chat template; family_defaults.py)
+    logger.info("Reasoning parser: %s", args.reasoning_parser or
+                "none (no --reasoning-parser and no <think> block in the chat template)")
     return AgentSettings(choice.name, choice.reason, ids, keep, args.reasoning_parser,
-                         args.tool_call_constrained)
+                         args.tool_call_constrained, args.max_tool_calls_per_turn,
+                         not args.constrained_json_unbounded_numbers)

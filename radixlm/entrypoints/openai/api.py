@@ -3,7 +3,8 @@
     GET  /v1/models, /v1/models/{id}   the served model (404 model_not_found otherwise)
     POST /v1/completions               see serving_completions.py
     POST /v1/chat/completions          see serving_chat.py
-    POST /v1/responses                 see serving_responses.py (stateless)
+    POST /v1/responses                 see serving_responses.py
+    GET, DELETE /v1/responses/{id}     a stored response
     POST /v1/tokenize                  {"prompt": str | [str]} → {"tokens", "count", ...}
     POST /v1/detokenize                {"tokens": [int] | [[int]]} → {"text"}
     POST /v1/embeddings, /v1/classify, /v1/rerank   pooling models: see serving_embedding.py
@@ -30,7 +31,11 @@ from radixlm.entrypoints.openai.protocol import (
 from radixlm.entrypoints.openai.serving_chat import create_chat_completion
 from radixlm.entrypoints.openai.serving_completions import create_completion
 from radixlm.entrypoints.openai.serving_embedding import classify, create_embedding, rerank
-from radixlm.entrypoints.openai.serving_responses import create_response
+from radixlm.entrypoints.openai.serving_responses import (
+    create_response,
+    delete_response,
+    retrieve_response,
+)
 
 router = APIRouter(prefix="/v1")
 
@@ -84,6 +89,16 @@ async def rerank_v1(request: Request) -> Response:
 @router.post("/responses")
 async def responses(request: Request) -> Response:
     return await create_response(request, state_of(request))
+
+
+@router.get("/responses/{response_id}")
+async def get_response(response_id: str, request: Request) -> Response:
+    return await retrieve_response(response_id, state_of(request))
+
+
+@router.delete("/responses/{response_id}")
+async def forget_response(response_id: str, request: Request) -> Response:
+    return await delete_response(response_id, state_of(request))
 
 
 @router.post("/tokenize")

@@ -2,6 +2,9 @@
 
     {"object": "error", "message": ..., "type": ..., "param": ..., "code": ...}
 
+On the Responses API's routes (/v1/responses...) the body has that API's shape,
+`{"error": {"message", "type", "param", "code"}}` (as OpenAI and SGLang send it).
+
 `install_error_handlers` routes FastAPI's validation errors, Starlette's HTTP
 errors (404, 405) and anything unexpected through this body, so a client never
 sees FastAPI's 422 or a traceback: bad input is a 400 that names the problem,
@@ -114,30 +117,45 @@ def validation_error(e: ValidationError) -> APIError:
     return APIError(message, 400, param)
 
 
+def responses_error_response(e: APIError) -> JSONResponse:
+    """The Responses API's error body: `{"error": {message, type, param, code}}`."""
+    kind = "invalid_request_error" if e.status_code < 500 else "server_error"
+    return JSONResponse({"error": {"message": e.message, "type": kind, "param": e.param,
+                                   "code": e.status_code}}, status_code=e.status_code)
+
+
+def _answer(request: Request, message: str, status_code: int = 400, param: str | None = None,
+            code: str | int | None = None, err_type: str | None = None) -> JSONResponse:
+    """The error in the shape of the API the request was for."""
+    if request.url.path.startswith("/v1/responses"):
+        return responses_error_response(APIError(message, status_code, param, code, err_type))
+    return error_response(message, status_code, param, code, err_type)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, e: APIError) -> JSONResponse:
-        return error_response(e.message, e.status_code, e.param, e.code, e.err_type)
+    async def _api_error(request: Request, e: APIError) -> JSONResponse:
+        return _answer(request, e.message, e.status_code, e.param, e.code, e.err_type)
 
     @app.exception_handler(RequestValidationError)
-    async def _request_validation(_: Request, e: RequestValidationError) -> JSONResponse:
+    async def _request_validation(request: Request, e: RequestValidationError) -> JSONResponse:
         message, param = describe_validation_errors(list(e.errors()))
-        return error_response(message, 400, param)
+        return _answer(request, message, 400, param)
 
     @app.exception_handler(ValidationError)
-    async def _validation(_: Request, e: ValidationError) -> JSONResponse:
+    async def _validation(request: Request, e: ValidationError) -> JSONResponse:
         err = validation_error(e)
-        return error_response(err.message, 400, err.param)
+        return _answer(request, err.message, 400, err.param)
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(_: Request, e: ClientDisconnected) -> Response:
         return Response(status_code=499)  # nginx's "client closed request"; never read
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return error_response(str(e.detail), e.status_code)
+    async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        return _answer(request, str(e.detail), e.status_code)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, e: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, e: Exception) -> JSONResponse:
         # NOTE: Starlette re-raises after answering, so uvicorn logs the traceback.
-        return error_response(f"Internal server error: {type(e).__name__}", 500)
+        return _answer(request, f"Internal server error: {type(e).__name__}", 500)

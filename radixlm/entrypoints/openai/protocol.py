@@ -252,6 +252,9 @@ class ChatCompletionRequest(_SamplingRequest):
     # split the think block into reasoning_content (with --reasoning-parser).
     tool_call_constrained: bool | None = None
     separate_reasoning: bool = True
+    # vLLM's: the most tokens inside the think block (with --reasoning-parser); None: the
+    # server's --reasoning-budget.
+    thinking_token_budget: int | None = Field(None, ge=0)
     # Extras
     add_generation_prompt: bool = True
     continue_final_message: bool = False

@@ -1,5 +1,4 @@
-"""POST /v1/responses requests, translated to a chat request (OpenAI's Responses API,
-stateless).
+"""POST /v1/responses requests, translated to a chat request (OpenAI's Responses API).
 
     input: str | [item]          → messages (items below), after `instructions` as system
       {"role", "content": str | [part]} / {"type": "message", ...}
@@ -12,7 +11,9 @@ stateless).
         "json_object"} | {"type": "text"} → response_format
     tools [{"type": "function", "name", "description", "parameters"}] → chat tools
     tool_choice "auto" | "none" | "required" | {"type": "function", "name"}
-    previous_response_id, store: true → 400 (nothing is stored)
+    previous_response_id → the stored conversation it ended, then `input`
+        (response_store.py; `instructions` are not carried over, as in OpenAI's API)
+    thinking_token_budget (vLLM's), reasoning.max_tokens → thinking_token_budget
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ class ResponsesRequest(StrictModel):
     stop: str | list[str] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tool_call_constrained: bool | None = None
+    thinking_token_budget: int | None = Field(None, ge=0)
+
+    @property
+    def stores(self) -> bool:
+        """OpenAI stores responses unless told not to."""
+        return self.store is not False
 
 
 def _parts(content: Any, where: str) -> str | list[dict[str, Any]]:
@@ -76,10 +83,8 @@ def _parts(content: Any, where: str) -> str | list[dict[str, Any]]:
 
 
 def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """The chat messages for `instructions` and `input`."""
+    """The chat messages for `input` (the instructions apart)."""
     messages: list[dict[str, Any]] = []
-    if req.instructions:
-        messages.append({"role": "system", "content": req.instructions})
     if isinstance(req.input, str):
         messages.append({"role": "user", "content": req.input})
         return messages
@@ -107,8 +112,6 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
                              "content": output if isinstance(output, str) else str(output)})
         elif kind != "reasoning":
             raise APIError(f"{where}.type {kind!r} is not supported", param="input")
-    if not messages:
-        raise APIError("input must hold at least one message", param="input")
     return messages
 
 
@@ -144,17 +147,21 @@ def _tool_choice(choice: str | dict[str, Any] | None) -> Any:
     return choice
 
 
-def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat request that serves `req`; APIError(400) on bad input."""
-    if req.previous_response_id is not None:
-        raise APIError("previous_response_id is not supported: this server stores no "
-                       "responses; send the whole conversation in input",
-                       param="previous_response_id")
-    if req.store:
-        raise APIError("store: true is not supported: this server stores no responses "
-                       "(leave store out or set it to false)", param="store")
+def to_chat_request(req: ResponsesRequest, history: list[dict[str, Any]] | None = None,
+                    ) -> ChatCompletionRequest:
+    """The chat request that serves `req` after the conversation `history` (a previous
+    response's); APIError(400) on bad input."""
+    messages = list(history or []) + input_messages(req)
+    if req.instructions:
+        messages.insert(0, {"role": "system", "content": req.instructions})
+    if not messages:
+        raise APIError("input must hold at least one message", param="input")
+    budget = req.thinking_token_budget
+    if budget is None and isinstance(req.reasoning, dict):
+        budget = req.reasoning.get("max_tokens")
     body: dict[str, Any] = {
-        "model": req.model, "messages": input_messages(req), "stream": req.stream,
+        "model": req.model, "messages": messages, "stream": req.stream,
+        "thinking_token_budget": budget,
         "max_tokens": req.max_output_tokens, "response_format": _response_format(req.text),
         "tools": _tools(req.tools), "tool_choice": _tool_choice(req.tool_choice),
         "parallel_tool_calls": req.parallel_tool_calls, "seed": req.seed, "stop": req.stop,

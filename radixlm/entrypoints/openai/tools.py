@@ -13,7 +13,14 @@ Per request (`plan_tools`):
   which always is), becomes the request's one grammar (`parser.constraint`), so a
   call always parses; a backend that cannot express it is a 400.
 - The output: a reasoning parser (if any) first, then the tool parser, per
-  choice; streaming keeps one `ChoiceParser` per choice.
+  choice; streaming keeps one `ChoiceParser` per choice. A call is sent once
+  complete (one delta per call); an answer cut by max_tokens keeps its complete
+  calls and drops the cut one.
+- Bounded calls: an answer makes at most `call_limit` calls (--max-tool-calls-
+  per-turn; 1 with parallel_tool_calls false), and a call that exactly repeats
+  one already made in the answer ends it there (the repeat is dropped). The
+  grammar enforces the limit where there is one; `ChoiceParser.stopped` tells
+  the route to end the generation in every case (finish_reason "tool_calls").
 """
 
 from __future__ import annotations
@@ -52,6 +59,12 @@ class ToolPlan:
     generic: bool  # the template has no place for tools: generic prompt and format
     openai_tools: list[dict[str, Any]]
     constraint: tuple[str, str] | None = None  # (kind, text) for the sampling params
+    max_calls: int | None = None  # --max-tool-calls-per-turn
+
+    @property
+    def call_limit(self) -> int | None:
+        """The most calls one answer may make."""
+        return self.max_calls if self.parallel else 1
 
     @property
     def active(self) -> bool:
@@ -68,7 +81,21 @@ class ToolPlan:
                     messages) else messages
             return generic_messages(messages, self.specs, self.choice,
                                     parallel_tool_calls=self.parallel)
+        if self.active and getattr(self.parser, "system_message_tools", False):
+            messages = system_message_tools(messages, self.specs)
         return template_messages(messages)
+
+
+def system_message_tools(messages: list[dict[str, Any]], specs: list[ToolSpec]
+                         ) -> list[dict[str, Any]]:
+    """The tools as a JSON string in the system message's `tools` field, where templates
+    like Phi-4-mini's read them (a system message is added when there is none)."""
+    tools = json.dumps([{"name": t.name, **({"description": t.description} if t.description
+                                             else {}), "parameters": dict(t.parameters)}
+                        for t in specs], ensure_ascii=False)
+    if messages and messages[0].get("role") == "system":
+        return [{**messages[0], "tools": tools}, *messages[1:]]
+    return [{"role": "system", "content": "", "tools": tools}, *messages]
 
 
 def _without_tool_prompt(messages: list[dict[str, Any]], specs: list[ToolSpec]
@@ -118,18 +145,19 @@ def plan_tools(agents: AgentSettings, backend: str, tools: list[dict[str, Any]] 
                has_other_grammar: bool) -> ToolPlan | None:
     """The request's tool plan, or None without tools; APIError(400) on bad input."""
     if tools is None:
-        if tool_choice not in (None, "none", "auto"):
-            raise APIError("tool_choice needs tools", param="tool_choice")
+        if tool_choice not in (None, "none", "auto"):  # SGLang's words
+            which = "required" if tool_choice == "required" else "a specific tool"
+            raise APIError(f"Tools cannot be empty if tool choice is set to {which}.",
+                           param="tool_choice")
         return None
     try:
         specs = parse_tools(tools)
         choice = ToolChoice.from_openai(tool_choice, specs)
     except ToolError as e:
-        raise APIError(str(e), param="tools" if "tool_choice" not in str(e) else "tool_choice"
-                       ) from e
+        raise APIError(str(e), param=e.param) from e
     parser = agents.parser(specs)
     plan = ToolPlan(specs, choice, parallel_tool_calls, parser,
-                    agents.tool_parser == "generic", tools)
+                    agents.tool_parser == "generic", tools, max_calls=agents.max_calls)
     if not plan.active or not specs:
         return plan
     constrained = choice.mode in ("required", "named") or parser.constrain_auto or (
@@ -142,7 +170,9 @@ def plan_tools(agents: AgentSettings, backend: str, tools: list[dict[str, Any]] 
     if constrained:
         try:
             grammar = parser.constraint(specs, choice, parallel_tool_calls=parallel_tool_calls,
-                                        backend=backend, marker_token_ids=agents.marker_ids)
+                                        max_calls=agents.max_calls, backend=backend,
+                                        marker_token_ids=agents.marker_ids,
+                                        bounded_numbers=agents.bounded_numbers)
         except ToolConstraintError as e:
             raise APIError(f"Cannot constrain tool calls (tool_choice {choice.mode!r}, "
                            f"--grammar-backend {backend}): {e}", param="tool_choice") from e
@@ -163,17 +193,25 @@ class ChoiceParser:
     """One choice's output through the reasoning parser, then the tool parser.
 
     feed() returns the new (reasoning, content, tool-call deltas); the call deltas are
-    OpenAI chunk dicts. Joined, the argument fragments of a call are its final arguments.
+    OpenAI chunk dicts, one per call, each complete. `stopped` turns true once the
+    answer must end (a repeated call, or the call limit reached): nothing after that
+    point is returned, and the route ends the generation.
     """
 
     def __init__(self, tools: ToolPlan | None, reasoner: ReasoningParser | None) -> None:
         self.reasoning: ReasoningStream | None = reasoner.stream() if reasoner else None
         self.parser = tools.parser if tools is not None and tools.active else None
         self.tools: ToolCallStream | None = self.parser.stream() if self.parser else None
-        self.ids: dict[int, str] = {}
+        self.limit = tools.call_limit if tools is not None else None
+        self.stopped = False
+        self._call_keys: set[str] = set()
         self.result = ChoiceOutput()
 
-    def feed(self, text: str, final: bool = False) -> tuple[str, str, list[dict[str, Any]]]:
+    def feed(self, text: str, final: bool = False, cut: bool = False
+             ) -> tuple[str, str, list[dict[str, Any]]]:
+        """The new parts of `text`; final: the output ended (cut: by max_tokens)."""
+        if self.stopped:
+            return "", "", []
         reasoning, content = "", text
         if self.reasoning is not None:
             delta = self.reasoning.feed(text)
@@ -186,23 +224,43 @@ class ChoiceParser:
         if self.tools is not None:
             deltas = self.tools.feed(content)
             if final:
-                deltas += self.tools.finish()
-            content = "".join(d.text for d in deltas if isinstance(d, ContentDelta))
-            calls = [self._call_delta(d) for d in deltas if isinstance(d, ToolCallDelta)]
+                deltas += self.tools.finish(cut=cut)
+            parts = []
+            for d in deltas:
+                if self.stopped:
+                    break
+                if isinstance(d, ContentDelta):
+                    parts.append(d.text)
+                elif isinstance(d, ToolCallDelta) and self._admit(d.name or "", d.arguments):
+                    calls.append(self._call_delta(d))
+            content = "".join(parts)
         self.result.reasoning += reasoning
         self.result.content += content
         return reasoning, content, calls
 
-    def _call_delta(self, delta: ToolCallDelta) -> dict[str, Any]:
-        if delta.id is not None:
-            self.ids[delta.index] = delta.id
-            self.result.tool_calls.append({"id": delta.id, "type": "function", "function": {
-                "name": delta.name, "arguments": ""}})
-        self.result.tool_calls[delta.index]["function"]["arguments"] += delta.arguments
-        return delta.to_openai()
+    def _admit(self, name: str, arguments: str) -> bool:
+        """Whether a complete call joins the answer; sets `stopped` when it must end."""
+        if self.stopped:
+            return False
+        key = call_key(name, arguments)
+        if key in self._call_keys:  # a repeat: the answer ends before it
+            self.stopped = True
+            return False
+        self._call_keys.add(key)
+        if self.limit is not None and len(self._call_keys) >= self.limit:
+            self.stopped = True
+        return True
 
-    def parse_whole(self, text: str) -> ChoiceOutput:
-        """A whole output (non-streaming): the same parsers, lookahead for the calls."""
+    def _call_delta(self, delta: ToolCallDelta) -> dict[str, Any]:
+        call_id = delta.id or new_call_id()
+        self.result.tool_calls.append({"id": call_id, "type": "function", "function": {
+            "name": delta.name, "arguments": delta.arguments}})
+        return {"index": len(self.result.tool_calls) - 1, "id": call_id, "type": "function",
+                "function": {"name": delta.name, "arguments": delta.arguments}}
+
+    def parse_whole(self, text: str, cut: bool = False) -> ChoiceOutput:
+        """A whole output (non-streaming): the same parsers, lookahead for the calls;
+        cut: it ended early (max_tokens, or the route stopped it)."""
         if self.reasoning is not None:
             self.reasoning.feed(text)
             self.reasoning.finish()
@@ -210,10 +268,32 @@ class ChoiceParser:
         if self.parser is None:
             self.result.content = text
             return self.result
-        parsed = self.parser.parse(text)
+        parsed = self.parser.parse(text, cut=cut)
         self.result.content = parsed.content
-        self.result.tool_calls = [
-            {"id": new_call_id(), "type": "function",
-             "function": {"name": c.name, "arguments": c.arguments}}
-            for c in parsed.tool_calls]
+        for call in parsed.tool_calls:
+            if not self._admit(call.name, call.arguments):
+                break
+            self.result.tool_calls.append({"id": new_call_id(), "type": "function",
+                                           "function": {"name": call.name,
+                                                        "arguments": call.arguments}})
         return self.result
+
+
+def call_key(name: str, arguments: str) -> str:
+    """What makes two calls the same: the name and the arguments as JSON values (key
+    order and spacing aside)."""
+    try:
+        value = json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"))
+    except ValueError:
+        value = arguments
+    return f"{name}\0{value}"
+
+
+def finish_reason(finish: str | None, parser: ChoiceParser) -> str | None:
+    """OpenAI's finish_reason for a choice: "tool_calls" when it ended with calls (or the
+    route ended it at a repeated call or the call limit), else the runtime's."""
+    if finish is None:
+        return None
+    if parser.stopped or (parser.result.tool_calls and finish == "stop"):
+        return "tool_calls"
+    return finish
