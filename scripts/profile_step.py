@@ -4,9 +4,14 @@
         [--configs fp32:torch_native fp32:cpu_paged bf16:cpu_paged int8:cpu_paged] [--profile]
     .venv/bin/python scripts/profile_step.py --prefill 2000 [--chunk 512] ...
 
-Each config is `precision:backend[:loop]` (precision fp32, bf16, bf16w = float32 over bf16 weights, int8 = W8A8 over
+    .venv/bin/python scripts/profile_step.py --model-path M --batch 1 --seq-len 8000 \
+        --configs bf16:cpu_paged bf16:cpu_paged:kv=int8      # KV dtypes side by side
+
+Each config is `precision:backend[:loop][:kv=DTYPE]` (precision fp32, bf16, bf16w = float32 over bf16 weights, int8 = W8A8 over
 float32 activations, int8bf16 = W8A8 over bfloat16; `:loop` runs the decoder
-layers in the Python loop instead of the C++ layer stack, models/layer_stack.py).
+layers in the Python loop instead of the C++ layer stack, models/layer_stack.py;
+`:kv=int8` a pool in that --kv-cache-dtype, auto otherwise). `--model-path` takes
+another model than the default (a GGUF file or a Hugging Face folder).
 The requests start with `--seq-len` tokens of random K/V in the pool, then decode
 `--steps` steps; the configs run in turn, `--rounds` times, so their ratios are
 measured side by side even on a busy machine. `--profile` adds torch.profiler's split of one step's time
@@ -31,6 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "model
 from _forward_harness import PoolRunner  # noqa: E402
 
 from radixlm.layers.prepared_weight import prepare_model  # noqa: E402
+from radixlm.mem_cache.kv_format import quantize_rows  # noqa: E402
 from radixlm.model_executor.calibration import smooth_for_int8  # noqa: E402
 from radixlm.model_loader.default_model import resolve_model_dir  # noqa: E402
 from radixlm.model_loader.loader import load_model  # noqa: E402
@@ -50,10 +56,13 @@ CATEGORIES = [
 ]
 
 
-def build(config: str, batch: int, seq_len: int, steps: int) -> tuple[PoolRunner, list[int]]:
-    precision, backend, *loop = config.split(":")
+def build(config: str, batch: int, seq_len: int, steps: int,
+          model_path: str | None = None) -> tuple[PoolRunner, list[int]]:
+    precision, backend, *rest = config.split(":")
+    kv_dtype = next((r.removeprefix("kv=") for r in rest if r.startswith("kv=")), "auto")
+    loop = [r for r in rest if not r.startswith("kv=")]
     dtype, quantization = PRECISIONS[precision]
-    model_dir = resolve_model_dir(None)
+    model_dir = resolve_model_dir(model_path)
     model, cfg = load_model(model_dir, dtype, "cpu")
     if quantization == "w8a8_int8":
         smooth_for_int8(model, cfg, model_dir)
@@ -61,13 +70,14 @@ def build(config: str, batch: int, seq_len: int, steps: int) -> tuple[PoolRunner
     model.model.use_layer_stack = loop != ["loop"]
     total = batch * (seq_len + steps + 2)
     runner = PoolRunner(model, cfg, num_slots=total, max_requests=batch,
-                        max_context=seq_len + steps + 2, dtype=dtype, backend=backend)
+                        max_context=seq_len + steps + 2, dtype=dtype, backend=backend,
+                        kv_cache_dtype=kv_dtype)
     rows = [runner.new_request() for _ in range(batch)]
     # NOTE: no prefill: random K/V stand in for a prompt (a decode step's cost does not
     # depend on the values), so building a config takes seconds, not minutes.
-    for k_buf, v_buf in zip(runner.kv.k_buffers, runner.kv.v_buffers):
-        k_buf.normal_()
-        v_buf.normal_()
+    fmt = runner.kv.kv_format
+    for buf in runner.kv.k_buffers + runner.kv.v_buffers:
+        buf.copy_(quantize_rows(torch.randn(*buf.shape[:2], fmt.head_dim, dtype=dtype), fmt))
     for row in rows:
         slots = runner.kv.alloc(seq_len)
         assert slots is not None
@@ -140,13 +150,15 @@ def main() -> None:
     p.add_argument("--prefill", type=int, default=0, metavar="N",
                    help="time one N-token prompt's prefill instead of decode steps")
     p.add_argument("--chunk", type=int, default=512)
+    p.add_argument("--model-path", default=None,
+                   help="a GGUF file or Hugging Face folder (default: the default model)")
     args = p.parse_args()
     torch.set_grad_enabled(False)
     print(f"threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', 'default')}, batch {args.batch}, "
           f"seq {args.seq_len}")
     if args.prefill:  # one request, its own KV only
-        built = {c: build(c, 1, args.prefill, 0) for c in args.configs}
+        built = {c: build(c, 1, args.prefill, 0, args.model_path) for c in args.configs}
         for runner, rows in built.values():
             runner.kv.free(runner.rows.req_to_token[rows[0], : runner.cached[rows[0]]].clone())
             runner.cached[rows[0]] = 0
@@ -154,7 +166,8 @@ def main() -> None:
         def measure(runner: PoolRunner, rows: list[int]) -> float:
             return prefill(runner, rows[0], args.prefill, args.chunk)
     else:
-        built = {c: build(c, args.batch, args.seq_len, args.steps) for c in args.configs}
+        built = {c: build(c, args.batch, args.seq_len, args.steps, args.model_path)
+                 for c in args.configs}
 
         def measure(runner: PoolRunner, rows: list[int]) -> float:
             return decode_steps(runner, rows, args.steps)
