@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(ns: argparse.Namespace) -> int:
-    from radixlm.entrypoints.http_server import run_server
+    from radixlm.entrypoints.http.server import run_server
 
     try:
         args = from_cli_args(ns)
@@ -29,7 +29,7 @@ def serve(ns: argparse.Namespace) -> int:
 
     args = with_family_defaults(args)  # before any process: they all read the same args
     if args.node_rank > 0:  # a node that runs TP ranks only (see docs/scaling-out.md)
-        from radixlm.distributed.worker import run_worker_node
+        from radixlm.entrypoints.launch import run_worker_node
 
         return run_worker_node(args)
     return run_server(args)

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from radixlm.tokenizer.generate_output import GenerateOutput
+from radixlm.messages.generate_output import GenerateOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIXES = ("radixlm", "sglang")

@@ -13,7 +13,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.model_executor.cpu_threads import THREAD_POLICIES
+from radixlm.default_model import display_name
+
+# --thread-policy's choices (model_executor/cpu_threads.py runs them).
+THREAD_POLICIES = ("adaptive", "spin", "passive")
 
 
 def _opt(default: Any, help: str, **kwargs: Any) -> Any:
@@ -357,8 +360,6 @@ class ServerArgs:
 
     @property
     def model_name(self) -> str:
-        from radixlm.model_loader.default_model import display_name
-
         return self.served_model_name or display_name(self.model_path)
 
 

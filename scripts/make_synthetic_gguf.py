@@ -9,7 +9,8 @@ what llama.cpp's converter writes for the family (names, metadata, Q/K layout, G
 
 SHAPE: see SHAPES below (llama-1b is Llama-3.2-1B's, qwen3-1.7b Qwen3-1.7B's,
 qwen3moe-2b a small mixture of experts: 16 experts, 4 active, ~2.1B parameters of
-which ~0.9B active, ...; tiny-* are for tests).
+which ~0.9B active, qwen3-0.9b-dense its dense twin with as many active parameters,
+...; tiny-* are for tests).
 FTYPE: f32 | f16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 written here with gguf-py, or any
 type of llama.cpp's quantizer (q4_k_m, q5_k_m, q6_k, ...), made from the f16 file by
 llama-cpp-python's llama_model_quantize in `$LLAMA_PY` (a python that has it; default
@@ -72,6 +73,10 @@ SHAPES: dict[str, Shape] = {
                       context=40960),
     "qwen3moe-2b": Shape("qwen3moe", 2048, 24, 16, 4, 128, 640, 151936, rope_theta=1e6,
                          context=40960, experts=16, active=4),
+    # qwen3moe-2b's dense twin: its layers with one MLP as wide as its 4 active experts
+    # together, so a token reads as many weights (the MoE target: within 1.3x of it)
+    "qwen3-0.9b-dense": Shape("qwen3", 2048, 24, 16, 4, 128, 2560, 151936, rope_theta=1e6,
+                              context=40960),
     "qwen3moe-30b-a3b": Shape("qwen3moe", 2048, 48, 32, 4, 128, 768, 151936, tied=False,
                               rope_theta=1e6, context=40960, experts=128, active=8),
     "gemma3-1b": Shape("gemma3", 1152, 26, 4, 1, 256, 6912, 262144, rope_theta=1e6,

@@ -1,8 +1,9 @@
 """Time and profile one decode step of the default model, per precision and attention backend.
 
-    .venv/bin/python scripts/profile_step.py [--batch 32] [--seq-len 400] [--steps 10]
+    .venv/bin/python scripts/profile_step.py [--batch 32 [1 16 ...]] [--seq-len 400] [--steps 10]
         [--configs fp32:torch_native fp32:cpu_paged bf16:cpu_paged int8:cpu_paged] [--profile]
     .venv/bin/python scripts/profile_step.py --prefill 2000 [--chunk 512] ...
+    .venv/bin/python scripts/profile_step.py --model-path DIR_OR_GGUF ...  (default: the default model)
 
     .venv/bin/python scripts/profile_step.py --model-path M --batch 1 --seq-len 8000 \
         --configs bf16:cpu_paged bf16:cpu_paged:kv=int8      # KV dtypes side by side
@@ -10,11 +11,11 @@
 Each config is `precision:backend[:loop][:kv=DTYPE]` (precision fp32, bf16, bf16w = float32 over bf16 weights, int8 = W8A8 over
 float32 activations, int8bf16 = W8A8 over bfloat16; `:loop` runs the decoder
 layers in the Python loop instead of the C++ layer stack, models/layer_stack.py;
-`:kv=int8` a pool in that --kv-cache-dtype, auto otherwise). `--model-path` takes
-another model than the default (a GGUF file or a Hugging Face folder).
+`:kv=int8` a pool in that --kv-cache-dtype, auto otherwise).
 The requests start with `--seq-len` tokens of random K/V in the pool, then decode
 `--steps` steps; the configs run in turn, `--rounds` times, so their ratios are
-measured side by side even on a busy machine. `--profile` adds torch.profiler's split of one step's time
+measured side by side even on a busy machine. Several `--batch` sizes share one
+load of each config (the larger pool serves the smaller batches: the first rows). `--profile` adds torch.profiler's split of one step's time
 (attention, linear layers, LM head, the rest). `--prefill N` times one request's
 prompt of N tokens instead, in chunks of `--chunk` (the server's
 --chunked-prefill-size), as a server's TTFT would spend it.
@@ -38,8 +39,8 @@ from _forward_harness import PoolRunner  # noqa: E402
 from radixlm.layers.prepared_weight import prepare_model  # noqa: E402
 from radixlm.mem_cache.kv_format import quantize_rows  # noqa: E402
 from radixlm.model_executor.calibration import smooth_for_int8  # noqa: E402
-from radixlm.model_loader.default_model import resolve_model_dir  # noqa: E402
 from radixlm.model_loader.loader import load_model  # noqa: E402
+from radixlm.model_loader.model_path import resolve_model_dir  # noqa: E402
 
 PRECISIONS = {
     "fp32": (torch.float32, "none"),
@@ -139,7 +140,7 @@ def profile_split(runner: PoolRunner, rows: list[int],
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--batch", type=int, nargs="+", default=[32])
     p.add_argument("--seq-len", type=int, default=400)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
@@ -151,11 +152,11 @@ def main() -> None:
                    help="time one N-token prompt's prefill instead of decode steps")
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--model-path", default=None,
-                   help="a GGUF file or Hugging Face folder (default: the default model)")
+                   help="an HF folder or GGUF file (default: the default model)")
     args = p.parse_args()
     torch.set_grad_enabled(False)
     print(f"threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
-          f"{os.environ.get('OMP_WAIT_POLICY', 'default')}, batch {args.batch}, "
+          f"{os.environ.get('OMP_WAIT_POLICY', 'default')}, batch {' '.join(map(str, args.batch))}, "
           f"seq {args.seq_len}")
     if args.prefill:  # one request, its own KV only
         built = {c: build(c, 1, args.prefill, 0, args.model_path) for c in args.configs}
@@ -166,24 +167,29 @@ def main() -> None:
         def measure(runner: PoolRunner, rows: list[int]) -> float:
             return prefill(runner, rows[0], args.prefill, args.chunk)
     else:
-        built = {c: build(c, args.batch, args.seq_len, args.steps, args.model_path)
+        built = {c: build(c, max(args.batch), args.seq_len, args.steps, args.model_path)
                  for c in args.configs}
 
         def measure(runner: PoolRunner, rows: list[int]) -> float:
             return decode_steps(runner, rows, args.steps)
-    results: dict[str, list[float]] = {c: [] for c in args.configs}
+    sizes = [1] if args.prefill else args.batch
+    results: dict[tuple[str, int], list[float]] = {(c, b): [] for c in args.configs
+                                                   for b in sizes}
     for _ in range(args.rounds):
-        for c, (runner, rows) in built.items():
-            results[c].append(measure(runner, rows))
-    base = statistics.median(results[args.configs[0]])
+        for (c, b), times in results.items():
+            runner, rows = built[c]
+            times.append(measure(runner, rows[:b]))
+    base = {b: statistics.median(results[(args.configs[0], b)]) for b in sizes}
     unit = f"prefill {args.prefill} ms" if args.prefill else "step ms"
-    print(f"{'config':<22}{unit:>10}{'vs first':>10}  rounds (ms)")
-    for c, times in results.items():
+    print(f"{'config':<22}{'batch':>6}{unit:>10}{'tok/s':>8}{'vs first':>10}  rounds (ms)")
+    for (c, b), times in results.items():
         med = statistics.median(times)
-        print(f"{c:<22}{med * 1e3:>10.1f}{base / med:>9.2f}x  "
+        tok_s = (args.prefill if args.prefill else b) / med
+        print(f"{c:<22}{b:>6}{med * 1e3:>10.1f}{tok_s:>8.1f}{base[b] / med:>9.2f}x  "
               + " ".join(f"{t * 1e3:.1f}" for t in times))
     if args.profile:
         for c, (runner, rows) in built.items():
+            rows = rows[: min(args.batch)]  # the smallest batch's profile
             split = profile_split(runner, rows, (lambda r=runner, q=rows: measure(r, q))
                                   if args.prefill else None)
             print(c, ", ".join(f"{k} {v:.0f}%" for k, v in split.items()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from radixlm.model_loader.default_model import resolve_model_dir
+from radixlm.model_loader.model_path import resolve_model_dir
 from radixlm.tokenizer_utils import DecodeTokenizer, load_decode_tokenizer, load_tokenizer
 
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import abc
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import xgrammar as xgr
 
-from radixlm.sampling.sampling_params import GRAMMAR_PARAMS
+from radixlm.messages.sampling_params import GRAMMAR_PARAMS
 
 GRAMMAR_KINDS = GRAMMAR_PARAMS
 
@@ -173,47 +173,3 @@ class BaseGrammarBackend(abc.ABC):
     @abc.abstractmethod
     def _compile(self, kind: str, text: str) -> BaseGrammarObject:
         """Compile a supported kind; any exception becomes a GrammarError."""
-
-
-def _xgrammar() -> type[BaseGrammarBackend]:
-    from radixlm.constrained.xgrammar_backend import XGrammarBackend
-
-    return XGrammarBackend
-
-
-def _outlines() -> type[BaseGrammarBackend]:
-    from radixlm.constrained.outlines_backend import OutlinesBackend
-
-    return OutlinesBackend
-
-
-def _llguidance() -> type[BaseGrammarBackend]:
-    from radixlm.constrained.llguidance_backend import LLGuidanceBackend
-
-    return LLGuidanceBackend
-
-
-GRAMMAR_BACKENDS: dict[str, Callable[[], type[BaseGrammarBackend]]] = {
-    "xgrammar": _xgrammar,
-    "outlines": _outlines,
-    "llguidance": _llguidance,
-}
-
-
-def create_grammar_backend(
-    name: str,
-    tokenizer: Any,
-    vocab_size: int,
-    eos_token_ids: Sequence[int],
-    **options: Any,
-) -> BaseGrammarBackend:
-    """Build the named backend ("xgrammar" | "outlines" | "llguidance").
-
-    options: json_whitespace_pattern, json_disable_any_whitespace, json_bounded_numbers
-    (see BaseGrammarBackend).
-    """
-    if name not in GRAMMAR_BACKENDS:
-        raise ValueError(
-            f"Unknown grammar backend {name!r}; expected one of {list(GRAMMAR_BACKENDS)}"
-        )
-    return GRAMMAR_BACKENDS[name]()(tokenizer, vocab_size, eos_token_ids, **options)

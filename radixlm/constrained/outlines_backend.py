@@ -27,7 +27,7 @@ from radixlm.constrained.base_grammar_backend import (
     GrammarError,
 )
 from radixlm.constrained.json_bounds import bound_outlines_regex
-from radixlm.sampling.sampling_params import GRAMMAR_BACKEND_KINDS
+from radixlm.messages.sampling_params import GRAMMAR_BACKEND_KINDS
 
 # NOTE: compact JSON by default: outlines-core puts one whitespace pattern between every
 # pair of JSON tokens, so "[ ]?" gives `{ "a" : 1 }` and leaves nothing for jump-forward

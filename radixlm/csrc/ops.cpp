@@ -1,6 +1,7 @@
 // torch.ops.radixlm.*: the kernels as real operators, so the profiler and
-// torch.compile see them (ops.h lists where each lives). isa.cpp and
-// layer_stack.cpp register their own operators as fragments of this library.
+// torch.compile see them (ops.h lists where each lives). isa.cpp,
+// prepared_linear.cpp, layer_program.cpp and moe.cpp register their own operators as
+// fragments of this library.
 #include <torch/library.h>
 
 #include "ops.h"

@@ -5,7 +5,7 @@ Per request it keeps an incremental decode state (see
 While a request runs, text that could be the start of one of its stop strings
 is held back, so a stop string is never streamed; when it finishes on a stop
 string, the text is cut before it (unless `no_stop_trim`). Stop regexes work
-the same way (stop_regex.py): text where a match could still begin is held
+the same way (messages/stop_regex.py): text where a match could still begin is held
 back, and at finish the text is cut before the match (after it with
 `no_stop_trim`), never past it.
 """
@@ -23,8 +23,8 @@ import zmq
 
 from radixlm.detokenizer.incremental_detokenizer import DecodeState, IncrementalDetokenizer
 from radixlm.detokenizer.stop_strings import safe_stream_len, trim_at_stop
-from radixlm.io_struct import BatchStrOut, BatchTokenIDOut, ProcessError, StrOut, TokenOut
-from radixlm.sampling.stop_regex import safe_regex_stream_len, trim_at_regex
+from radixlm.messages.io_struct import BatchStrOut, BatchTokenIDOut, ProcessError, StrOut, TokenOut
+from radixlm.messages.stop_regex import safe_regex_stream_len, trim_at_regex
 from radixlm.utils import PortArgs, configure_logging, parent_alive
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from typing import Any
 
 import zmq
 
-from radixlm.io_struct import (
+from radixlm.messages.io_struct import (
     AbortReq,
     FlushCacheOut,
     FlushCacheReq,

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from radixlm.model_executor.forward_step import ForwardStep
+from radixlm.messages.forward_step import ForwardStep
 
 
 class RowUpdate(NamedTuple):

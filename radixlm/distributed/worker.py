@@ -9,19 +9,16 @@
 It has no sockets and no scheduler: rank 0 decides everything and broadcasts
 it (step_sync.py). A lost rank 0 (a collective fails or times out) exits 1 with
 the reason; the launcher's watchdog then stops the whole server. On a node
-other than 0 (`--node-rank` > 0), `run_worker_node` starts this node's ranks
-and exits with the first failure.
+other than 0 (`--node-rank` > 0), entrypoints/launch.py's `run_worker_node`
+starts this node's ranks and exits with the first failure.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
-import time
 import traceback
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from radixlm.distributed.parallel_state import TPConfig, destroy_tp_group
@@ -68,36 +65,3 @@ def follow_steps(runner: ModelRunner) -> None:
             runner.forward_shard(msg.step)
         elif msg.kind == "stop":
             return
-
-
-def run_worker_node(args: ServerArgs) -> int:
-    """`radixlm serve --nnodes N --node-rank R` with R > 0: run this node's TP ranks until
-    rank 0 stops them (0) or one fails (1). SIGTERM / SIGINT stop them (0)."""
-    from radixlm.entrypoints.launch import start_worker_ranks, stop_children
-    from radixlm.model_loader.default_model import resolve_model_dir
-
-    configure_logging(args.log_level, prefix=f"node{args.node_rank}")
-    model_dir = resolve_model_dir(args.model_path)
-    procs = start_worker_ranks(args, model_dir)
-    stopping = False
-
-    def on_signal(sig: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    logger.info("Node %d runs TP ranks %s", args.node_rank, [p.name for p in procs])
-    code = 0
-    while not stopping:
-        codes = [p.exitcode for p in procs]
-        if any(c not in (None, 0) for c in codes):
-            logger.error("A TP rank on node %d exited with code %s; stopping this node",
-                         args.node_rank, [c for c in codes if c])
-            code = 1
-            break
-        if all(c == 0 for c in codes):
-            break
-        time.sleep(0.2)
-    stop_children(procs, None)
-    return code

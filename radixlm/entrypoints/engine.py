@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 from radixlm.entrypoints.child_process import ChildProcess
 from radixlm.entrypoints.family_defaults import with_family_defaults
 from radixlm.entrypoints.launch import launch_children, make_is_alive, stop_children
+from radixlm.messages.generate_output import SampleDicts, final_dict, token_only
 from radixlm.server_args import ServerArgs
-from radixlm.tokenizer.generate_output import SampleDicts, final_dict, token_only
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput
 from radixlm.tokenizer.request_input import GenerateReqInput
 from radixlm.tokenizer.tokenizer_manager import EngineDeadError, TokenizerManager

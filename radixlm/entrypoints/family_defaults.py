@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 def model_template_and_archs(model_path: str | None) -> tuple[str | None, list[str]]:
     """(the model's own chat template, config.json's architectures) without loading it."""
-    from radixlm.model_loader.default_model import default_model_path
+    from radixlm.default_model import default_model_path
 
     path = model_path or default_model_path()
     if os.path.isfile(path) and path.endswith(".gguf"):

@@ -12,13 +12,16 @@ import dataclasses
 import logging
 import os
 import shutil
+import signal
+import time
 from collections.abc import Callable
+from types import FrameType
 
 from radixlm.distributed.parallel_state import TPConfig, check_tp_layout, free_loopback_addr
 from radixlm.entrypoints.child_process import ChildProcess
 from radixlm.model_executor.cpu_threads import openmp_env, spins
 from radixlm.server_args import ServerArgs
-from radixlm.utils import PortArgs
+from radixlm.utils import PortArgs, configure_logging
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +44,7 @@ def launch_children(args: ServerArgs) -> tuple[str, PortArgs, list[ChildProcess]
     """Resolve the model folder (converting a GGUF once), have the CPU kernels ready
     (a build, where one is needed, under no start-up timeout) and start the children."""
     from radixlm.layers.cpu_kernels import prepare_cpu_kernels
-    from radixlm.model_loader.default_model import resolve_model_dir
+    from radixlm.model_loader.model_path import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model_path)
     prepare_cpu_kernels(args.device)
@@ -165,3 +168,35 @@ def stop_children(procs: list[ChildProcess], ports: PortArgs | None, timeout: fl
             p.join(timeout)
     if ports is not None:
         shutil.rmtree(ports.folder, ignore_errors=True)
+
+
+def run_worker_node(args: ServerArgs) -> int:
+    """`radixlm serve --nnodes N --node-rank R` with R > 0: run this node's TP ranks until
+    rank 0 stops them (0) or one fails (1). SIGTERM / SIGINT stop them (0)."""
+    from radixlm.model_loader.model_path import resolve_model_dir
+
+    configure_logging(args.log_level, prefix=f"node{args.node_rank}")
+    model_dir = resolve_model_dir(args.model_path)
+    procs = start_worker_ranks(args, model_dir)
+    stopping = False
+
+    def on_signal(sig: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    logger.info("Node %d runs TP ranks %s", args.node_rank, [p.name for p in procs])
+    code = 0
+    while not stopping:
+        codes = [p.exitcode for p in procs]
+        if any(c not in (None, 0) for c in codes):
+            logger.error("A TP rank on node %d exited with code %s; stopping this node",
+                         args.node_rank, [c for c in codes if c])
+            code = 1
+            break
+        if all(c == 0 for c in codes):
+            break
+        time.sleep(0.2)
+    stop_children(procs, None)
+    return code

@@ -23,7 +23,7 @@ So a restart of the same model computes the same keys, and another model,
 another precision or another KV dtype never does.
 
 Images. The radix tree sees an image as its pad value repeated (vocab_size
-plus a 30-bit hash: see multimodal/mm_inputs.py), which is too few bits for
+plus a 30-bit hash: see messages/mm_inputs.py), which is too few bits for
 a store that outlives the process. The chain mixes in each image's full
 64-bit content hash instead, from `PseudoTokenHashes`, which the scheduler
 fills from the requests that carry the images. A block whose pseudo token

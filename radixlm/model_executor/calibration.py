@@ -31,7 +31,7 @@ from radixlm.layers.smoothquant import (
 )
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model_executor.forward_batch import ForwardBatch
-from radixlm.model_loader.default_model import resolve_model_dir
+from radixlm.model_loader.model_path import resolve_model_dir
 from radixlm.models.base import CausalLM
 
 logger = logging.getLogger(__name__)

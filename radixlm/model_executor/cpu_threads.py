@@ -27,7 +27,6 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
-THREAD_POLICIES = ("adaptive", "spin", "passive")
 SPIN_COUNT = "10000"  # iterations before a spinning thread sleeps (~tens of microseconds)
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

@@ -1,8 +1,8 @@
 """The device-side description of one forward pass.
 
 The scheduler describes a step with plain CPU objects (`ForwardStep`, see
-forward_step.py); the model runner turns that into a `ForwardBatch` of tensors, which the model and the
-attention backend read. Every request in a batch "extends" its sequence by
+messages/forward_step.py); the model runner turns that into a `ForwardBatch` of
+tensors, which the model and the attention backend read. Every request in a batch "extends" its sequence by
 `extend_lens[i]` tokens (1 for a decode, a chunk for a prefill, more for a
 jump-forward), after `prefix_lens[i]` tokens whose KV is already in the pool.
 
@@ -13,14 +13,23 @@ Tokens are flattened request-major: request i owns rows
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from radixlm.layers.attention import AttentionBackend
     from radixlm.mem_cache.memory_pool import TokenToKVPool
-    from radixlm.multimodal.mm_inputs import MultimodalInputs
+    from radixlm.messages.mm_inputs import MultimodalInputs
+
+
+class AttentionCall(Protocol):
+    """layers/attention.py's AttentionBackend, as far as a model calls it.
+
+    NOTE: a Protocol, not the class: the backends read ForwardBatch, so naming the
+    class here would make the two modules import each other."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                forward_batch: ForwardBatch, options: Any = ...) -> torch.Tensor: ...
 
 
 @dataclass
@@ -37,7 +46,7 @@ class ForwardBatch:
     # last token of each request that samples, plus prompt-logprob positions.
     logits_indices: torch.Tensor | None = None
     # The runner's attention backend; each attention layer calls its forward().
-    attn_backend: AttentionBackend | None = None
+    attn_backend: AttentionCall | None = None
     # Filled by the attention backend's init_forward_metadata(), read by its forward().
     attn_metadata: Any = None
     # [B] each request's images / videos (None for text-only requests); a

@@ -1,7 +1,7 @@
 """The model runner: loads the model, owns the device memory, runs one step.
 
 The scheduler hands it a `ForwardStep` (plain CPU values, see
-forward_step.py) and gets a `StepResult` back. `forward()` is the only place
+messages/forward_step.py) and gets a `StepResult` back. `forward()` is the only place
 that builds device tensors: it turns the step into a `ForwardBatch`, runs the
 model, computes logits only for the rows that need them (each item's sampled
 rows, plus prompt-logprob positions), applies the step's grammar masks,
@@ -31,30 +31,28 @@ from radixlm.distributed.parallel_state import (
     tp_rank_size,
 )
 from radixlm.distributed.step_sync import StepBroadcaster
-from radixlm.io_struct import LogprobEntry
 from radixlm.layers.attention import AttentionBackend, create_attention_backend
 from radixlm.layers.cpu_kernels import load_cpu_kernels
 from radixlm.layers.prepared_weight import prepare_model
-from radixlm.mem_cache import create_prefix_cache
-from radixlm.mem_cache.base_prefix_cache import BasePrefixCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
-from radixlm.model_executor.calibration import smooth_for_int8
-from radixlm.model_executor.cpu_threads import ThreadGovernor, spins, usable_cpus
-from radixlm.model_executor.forward_batch import ForwardBatch
-from radixlm.model_executor.forward_step import (
+from radixlm.messages.forward_step import (
     ForwardStep,
     PromptLogprobs,
     SamplingSpec,
     StepResult,
     VocabMask,
 )
+from radixlm.messages.io_struct import LogprobEntry
+from radixlm.messages.mm_inputs import MultimodalInputs
+from radixlm.model_executor.calibration import smooth_for_int8
+from radixlm.model_executor.cpu_threads import ThreadGovernor, spins, usable_cpus
+from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.model_executor.precision import resolve_precision
 from radixlm.model_loader.loader import CheckpointShapes, load_model
 from radixlm.models.base import CausalLM, PoolingModel
 from radixlm.models.layer_stack import fast_path_report
 from radixlm.models.pooler import finish_vector
 from radixlm.models.registry import get_model_class
-from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.sampling.sampler import SamplingBatchInfo, compute_logprobs, sample_checked
 from radixlm.server_args import ServerArgs
 
@@ -185,9 +183,6 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             self.args.max_running_requests + 1, self.context_len + 8, self.device
         )
-        self.prefix_cache: BasePrefixCache = create_prefix_cache(
-            self.token_to_kv_pool, self.args.disable_radix_cache or not uses_kv
-        )
         pool = self.token_to_kv_pool
         logger.info("KV pool: %d tokens in %s (%d bytes a token, %.1f MiB; %d layers, "
                     "%d kv heads, head dim %d)%s", num_tokens, pool.kv_cache_dtype, per_token,
@@ -203,7 +198,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, step: ForwardStep) -> StepResult:
-        """Run one forward pass and sample its sampled rows (see forward_step.py)."""
+        """Run one forward pass and sample its sampled rows (see messages/forward_step.py)."""
         for rid in step.released_rids:
             self._generators.pop(rid, None)
         if isinstance(self.model, PoolingModel):  # (never tensor-parallel: launch.py refuses)
@@ -331,7 +326,7 @@ class ModelRunner:
         from transformers import AutoConfig
 
         from radixlm.model_executor.weight_update import check_replacement, read_shapes
-        from radixlm.model_loader.default_model import resolve_model_dir
+        from radixlm.model_loader.model_path import resolve_model_dir
 
         try:
             model_dir = resolve_model_dir(model_path)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from radixlm.model_loader.default_model import resolve_model_dir
+from radixlm.model_loader.model_path import resolve_model_dir
 from radixlm.models.base import CausalLM, PoolingModel
 from radixlm.models.pooler import read_pooling_config
 from radixlm.models.registry import get_model_class

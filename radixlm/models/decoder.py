@@ -18,10 +18,13 @@ gate/up into one `gate_up_proj`, so each layer runs two matmuls fewer; with
 tensor parallelism each rank builds its shard and the layers' loaders copy
 only that part.
 
-Layers that are exactly Llama's (plain norms, no q/k norm, SiLU, full rotary,
-default scale, no window, dense MLP) may run in one C++ call
-(models/layer_stack.py); every other layer runs this Python loop, and the
-start-up log says which and why (`layer_stack.fast_path_report`).
+Each layer is a program of kernel calls (models/layer_program.py), written
+here once from the arch and spec: `DecoderLayer.forward` runs it in Python, and
+on the CPU the whole stack of programs runs in one C++ call
+(models/layer_stack.py), with the same results bit for bit. A layer the C++
+loop cannot run (e.g. a weight format without a C++ kernel) keeps the model in
+the Python loop, and the start-up log says which and why
+(`layer_stack.fast_path_report`).
 """
 
 from __future__ import annotations
@@ -38,14 +41,19 @@ from radixlm.layers.activation import gated_activation
 from radixlm.layers.attention import PLAIN_ATTENTION, AttnOptions
 from radixlm.layers.layernorm import RMSNorm
 from radixlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from radixlm.layers.rotary import RotaryEmbedding, apply_rotary
+from radixlm.layers.rotary import RotaryEmbedding
 from radixlm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.models.base import CausalLM
 from radixlm.models.decoder_weights import load_decoder_weights
+from radixlm.models.layer_program import (
+    HIDDEN,
+    LayerProgram,
+    ProgramBuilder,
+    StepContext,
+)
 from radixlm.models.layer_stack import stack_for
 
-Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [T, 1, rotary_dim / 2]
 DEFAULT_ROPE = "default"
 
 
@@ -123,6 +131,11 @@ class GatedMLP(nn.Module):
         gate_up = self.gate_up_proj(x)  # [T, 2 * inter]
         return self.down_proj(self.act_fn(gate_up))  # [T, hidden]
 
+    def program(self, b: ProgramBuilder, x: int, out: int | None = None) -> int:
+        """`forward` as layer-program instructions, x → the output register."""
+        gate_up = b.linear(x, self.gate_up_proj)  # [T, 2 * inter]
+        return b.linear(b.gated_act(gate_up, self.act_fn), self.down_proj, out)  # [T, hidden]
+
 
 class DecoderAttention(nn.Module):
     fuse_float32 = False  # float32 rotary through the fused kernel (bf16_weights)
@@ -152,27 +165,26 @@ class DecoderAttention(nn.Module):
             self.q_norm = arch.norm(self.head_dim, config.rms_norm_eps, dtype)
             self.k_norm = arch.norm(self.head_dim, config.rms_norm_eps, dtype)
 
-    def forward(self, hidden: torch.Tensor, rope: Rope | None,
-                forward_batch: ForwardBatch) -> torch.Tensor:
-        backend = forward_batch.attn_backend
-        assert backend is not None, "ForwardBatch.attn_backend is not set"
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)  # [T, (H + 2 * Hkv) * D]
-        if self.k_norm is None or self.q_norm is None:
-            qk = qkv[:, : self.qk_size].view(num_tokens, -1, self.head_dim)  # [T, H + Hkv, D]
+    def program(self, b: ProgramBuilder, x: int, rope: str | None,
+                out: int | None = None) -> int:
+        """Attention as layer-program instructions, x → the output register: qkv, q/k
+        norms, rotary (`rope`: the table; None: NoPE), attention with K/V stored, o."""
+        d = self.head_dim
+        qkv = b.linear(x, self.qkv_proj)  # [T, (H + 2 * Hkv) * D]
+        if self.q_norm is None or self.k_norm is None:
+            qk = b.columns(qkv, 0, self.qk_size, d)  # [T, H + Hkv, D]
             if rope is not None:
-                qk = apply_rotary(qk, *rope, self.fuse_float32)
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # [T, H|Hkv, D]
+                qk = b.rope(qk, rope, self)
+            q, k = b.heads(qk, 0, self.num_heads), b.heads(qk, self.num_heads, self.num_kv_heads)
         else:
-            q = self.q_norm(qkv[:, : self.q_size].view(num_tokens, -1, self.head_dim))
-            k = self.k_norm(qkv[:, self.q_size : self.qk_size].view(num_tokens, -1,
-                                                                       self.head_dim))
-            if rope is not None:  # q [T, H, D], k [T, Hkv, D]
-                q, k = apply_rotary(q, *rope, self.fuse_float32), apply_rotary(k, *rope,
-                                                                              self.fuse_float32)
-        v = qkv[:, self.qk_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = backend.forward(q, k, v, self.layer_id, forward_batch, self.attn_options)
-        return self.o_proj(out)  # [T, hidden]
+            q = b.norm(b.columns(qkv, 0, self.q_size, d), self.q_norm)  # [T, H, D]
+            k = b.norm(b.columns(qkv, self.q_size, self.qk_size - self.q_size, d),
+                       self.k_norm)  # [T, Hkv, D]
+            if rope is not None:
+                q, k = b.rope(q, rope, self), b.rope(k, rope, self)
+        v = b.columns(qkv, self.qk_size, self.qk_size - self.q_size, d)  # [T, Hkv, D]
+        attn = b.attention(q, k, v, self.layer_id, self.attn_options, d)  # [T, H * D]
+        return b.linear(attn, self.o_proj, out)  # [T, hidden]
 
 
 class DecoderLayer(nn.Module):
@@ -189,41 +201,29 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = arch.norm(hidden, eps, dtype)
             self.post_feedforward_layernorm = arch.norm(hidden, eps, dtype)
         self.mlp = mlp
-        # Why this layer is not Llama's, the only layer the C++ stack runs (empty: it is).
-        self.stack_blockers = _stack_blockers(arch, spec, mlp)
+        self.program = self.build_program()
 
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, rope: Rope | None,
-                forward_batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hidden, residual) → (last block's output, residual stream); the next norm adds
-        them (a fused add-and-norm)."""
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        hidden = self.self_attn(hidden, rope, forward_batch)
+    def build_program(self) -> LayerProgram:
+        """The layer's kernel calls: pre-norm attention and MLP around the residual
+        stream, with Gemma's norms after attention and around the MLP where set."""
+        b = ProgramBuilder()
+        h = b.add_norm(HIDDEN, self.input_layernorm, out=HIDDEN)
+        h = self.self_attn.program(b, h, self.rope, out=HIDDEN)
+        mlp: Any = self.mlp  # GatedMLP or SparseMoeBlock: both write their program
         if not self.sandwich:
-            hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
-            return self.mlp(hidden), residual
-        hidden = self.post_attention_layernorm(hidden)
-        hidden, residual = self.pre_feedforward_layernorm.add_and_norm(hidden, residual)
-        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
+            h = b.add_norm(h, self.post_attention_layernorm, out=HIDDEN)
+            mlp.program(b, h, out=HIDDEN)
+            return b.build()
+        h = b.norm(h, self.post_attention_layernorm, out=HIDDEN)
+        h = b.add_norm(h, self.pre_feedforward_layernorm, out=HIDDEN)
+        b.norm(mlp.program(b, h), self.post_feedforward_layernorm, out=HIDDEN)
+        return b.build()
 
-
-def _stack_blockers(arch: DecoderArch, spec: LayerSpec, mlp: nn.Module) -> list[str]:
-    checks = [
-        (arch.norm is not RMSNorm, "Gemma norms"),
-        (arch.qk_norm, "per-head q/k norms"),
-        (arch.sandwich_norms, "norms around attention and MLP"),
-        (not isinstance(mlp, GatedMLP) or mlp.activation != "silu",
-         "a mixture of experts" if spec.sparse_mlp else f"{arch.activation} MLP"),
-        (spec.attn.sliding_window is not None, "sliding-window attention"),
-        (spec.attn.logit_softcap is not None, "attention logit softcapping"),
-        (spec.attn.scale is not None, "a non-default attention scale"),
-        (spec.rope is None, "layers without rotary (NoPE)"),
-        (spec.rope not in (None, DEFAULT_ROPE), "several rotary tables"),
-    ]
-    return [why for blocked, why in checks if blocked]
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None,
+                ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, residual) → (last block's output, residual stream); the next norm adds
+        them (a fused add-and-norm). Runs the layer's program in Python."""
+        return self.program.run(hidden, residual, ctx)
 
 
 MlpFactory = Callable[[int, LayerSpec], nn.Module]  # (layer_id, spec) → the layer's MLP
@@ -245,7 +245,6 @@ class DecoderModel(nn.Module):
         self.embed_scale = float(config.hidden_size) ** 0.5 if arch.embed_scale else None
         self.layers = nn.ModuleList(DecoderLayer(config, i, dtype, arch, spec, make_mlp(i, spec))
                                     for i, spec in enumerate(specs))
-        self.layer_ropes = [spec.rope for spec in specs]  # each layer's rotary table
         self.norm = arch.norm(config.hidden_size, config.rms_norm_eps, dtype)
         tables = sorted({s.rope for s in specs if s.rope is not None})
         self.rotary = nn.ModuleDict({
@@ -261,14 +260,6 @@ class DecoderModel(nn.Module):
             return embeds
         return embeds * torch.tensor(self.embed_scale, dtype=embeds.dtype)
 
-    def rotary_for_stack(self) -> RotaryEmbedding | None:
-        """The one table the C++ stack takes: the default one, rotating whole heads."""
-        table = self.rotary[DEFAULT_ROPE] if DEFAULT_ROPE in self.rotary else None
-        if not isinstance(table, RotaryEmbedding) or len(self.rotary) != 1:
-            return None
-        layer: DecoderLayer = self.layers[0]  # type: ignore[assignment]
-        return table if table.rotary_dim == layer.self_attn.head_dim else None
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 forward_batch: ForwardBatch, input_embeds: torch.Tensor | None = None,
                 ) -> torch.Tensor:
@@ -276,16 +267,13 @@ class DecoderModel(nn.Module):
         ropes = {name: table(positions, hidden.dtype) for name, table in self.rotary.items()}
         residual: torch.Tensor | None = None
         stack = stack_for(self) if hidden.device.type == "cpu" and self.use_layer_stack else None
-        out = None
-        if stack is not None:  # every layer in one C++ call (models/layer_stack.py)
-            cos, sin = ropes[DEFAULT_ROPE]
-            out = stack.run(hidden, cos, sin, forward_batch)
-        if out is not None:
+        out = stack.run(hidden, ropes, forward_batch) if stack is not None else None
+        if out is not None:  # every layer in one C++ call (models/layer_stack.py)
             hidden, residual = out
         else:
-            for layer, rope_name in zip(self.layers, self.layer_ropes):
-                rope = ropes[rope_name] if rope_name is not None else None
-                hidden, residual = layer(hidden, residual, rope, forward_batch)
+            ctx = StepContext(ropes, forward_batch)
+            for layer in self.layers:
+                hidden, residual = layer(hidden, residual, ctx)
         if residual is None:
             return self.norm(hidden)
         return self.norm.add_and_norm(hidden, residual)[0]  # [T, hidden]

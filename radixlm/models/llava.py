@@ -4,7 +4,7 @@ Each composes a vision tower (transformers' CLIP or SigLIP ViT), the
 multimodal projector, and a language model from the registry built from
 `config.text_config` (Llama, Mistral, Qwen2, ...). The model sees one flat
 batch of tokens; image placeholders carry pad ids >= vocab_size (see
-multimodal/mm_inputs.py). `forward`:
+messages/mm_inputs.py). `forward`:
 
 1. embeds the tokens, pad ids replaced by 0 (never looked up);
 2. for each request with multimodal items and each item overlapping the
@@ -37,13 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.messages.mm_inputs import MultimodalItem
 from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.models.base import CausalLM
 from radixlm.models.registry import get_model_class
 from radixlm.models.vision_tower import MultiModalProjector, VisionTower
 from radixlm.multimodal import anyres
 from radixlm.multimodal.feature_cache import FeatureCache
-from radixlm.multimodal.mm_inputs import MultimodalItem
 
 
 @dataclass(frozen=True)

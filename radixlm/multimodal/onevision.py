@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from PIL import Image
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
-from radixlm.multimodal.mm_inputs import MultimodalItem
+from radixlm.messages.mm_inputs import MultimodalItem
 from radixlm.multimodal.processor import (
     HFMultimodalProcessor,
     context_error,

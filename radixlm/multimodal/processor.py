@@ -6,7 +6,7 @@ loads each item (media_loader.py), runs the model's own transformers
 processor on it (resize, anyres tiling, normalize), which also says how many
 placeholder tokens that item takes, and splices that run into the prompt with
 every placeholder replaced by the item's pad value (a hash of its pixels, see
-mm_inputs.py). The work runs in a small thread pool, so the TokenizerManager's
+messages/mm_inputs.py). The work runs in a small thread pool, so the TokenizerManager's
 event loop never blocks. URLs are fetched first, on the event loop
 (`fetch_urls`, bounded per request and in total, see media_fetcher.py), so a
 slow URL never holds a worker that other requests' images wait for.
@@ -39,14 +39,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from radixlm.multimodal.media_fetcher import MediaFetcher, MediaFetchError
-from radixlm.multimodal.media_loader import MAX_VIDEO_FRAMES, MediaLimits, MediaLoader, is_url
-from radixlm.multimodal.mm_inputs import (
+from radixlm.messages.mm_inputs import (
     MultimodalInputs,
     MultimodalItem,
     hash_tensor,
     pad_value_for,
 )
+from radixlm.multimodal.media_fetcher import MediaFetcher, MediaFetchError
+from radixlm.multimodal.media_loader import MAX_VIDEO_FRAMES, MediaLimits, MediaLoader, is_url
 from radixlm.utils import resolve_lazy
 
 logger = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixlm.messages.generate_output import GenerateOutput
 from radixlm.reasoning.base import ReasoningStream
 from radixlm.reasoning.gate import reasoning_for_prompt
-from radixlm.tokenizer.generate_output import GenerateOutput
 
 
 class ReasoningSplitter:

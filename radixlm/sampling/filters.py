@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.messages.sampling_params import SamplingParams
 
 TOP_P_WINDOW = 256
 

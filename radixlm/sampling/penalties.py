@@ -19,7 +19,7 @@ from itertools import chain
 
 import torch
 
-from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.messages.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from radixlm.messages.sampling_params import SamplingParams
 from radixlm.sampling.filters import SamplingFilters, apply_filters
 from radixlm.sampling.logprobs import LogprobResult, compute_logprobs
 from radixlm.sampling.penalties import Penalties, SparseLogits, build_banned, build_logit_bias
-from radixlm.sampling.sampling_params import SamplingParams
 
 __all__ = [
     "LogprobResult",

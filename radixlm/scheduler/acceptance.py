@@ -15,15 +15,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from radixlm.io_struct import FinishReason
-from radixlm.model_executor.forward_step import StepResult
+from radixlm.messages.forward_step import StepResult
+from radixlm.messages.io_struct import FinishReason
 from radixlm.scheduler.jump_forward import JumpForward, JumpPlan, swap_tokens
 from radixlm.scheduler.kv_manager import KVManager
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.request import Req
 
 if TYPE_CHECKING:
-    from radixlm.speculative.ngram_drafter import NgramDrafter
+    from radixlm.scheduler.ngram_drafter import NgramDrafter
 
 logger = logging.getLogger("radixlm.scheduler.scheduler")  # log lines keep the scheduler's name
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from radixlm.io_struct import (
+from radixlm.messages.io_struct import (
     FlushCacheOut,
     ServerInfoOut,
     UpdateWeightsFromDiskOut,

@@ -25,7 +25,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, NamedTuple
 
-from radixlm.model_executor.forward_step import VocabMask
+from radixlm.messages.forward_step import VocabMask
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.step_plan import ScheduledReq
 from radixlm.server_args import ServerArgs
@@ -81,8 +81,8 @@ class GrammarManager:
             self._cache_future = self._builder.submit(self._build_cache)
 
     def _build_cache(self) -> GrammarCache:
-        from radixlm.constrained.base_grammar_backend import create_grammar_backend
         from radixlm.constrained.grammar_cache import GrammarCache
+        from radixlm.constrained.registry import create_grammar_backend
         from radixlm.tokenizer_utils import load_tokenizer
 
         start = time.monotonic()

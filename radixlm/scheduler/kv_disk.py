@@ -65,12 +65,12 @@ def disk_namespace(args: ServerArgs, runner: ModelRunner) -> bytes:
                           args.kv_cache_disk_block_size)
 
 
-def build_disk_tier(args: ServerArgs, runner: ModelRunner) -> KVDiskTier | None:
-    """The disk tier `--kv-cache-dir` asks for, hooked to the runner's radix cache; None
-    without the flag or for a model that keeps no shareable KV."""
+def build_disk_tier(args: ServerArgs, runner: ModelRunner,
+                    cache: BasePrefixCache) -> KVDiskTier | None:
+    """The disk tier `--kv-cache-dir` asks for, hooked to the scheduler's radix cache
+    `cache`; None without the flag or for a model that keeps no shareable KV."""
     if args.kv_cache_dir is None:
         return None
-    cache = runner.prefix_cache
     if not isinstance(cache, RadixCache) or not runner.is_generation:
         logger.warning("--kv-cache-dir ignored: this model keeps no shared prefix cache")
         return None

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from radixlm.detokenizer.stop_strings import find_stop_string
-from radixlm.io_struct import EmbeddingOut, FinishReason, SpecCounts, TokenOut
-from radixlm.sampling.stop_regex import MATCH_TIMEOUT, find_first_regex, tail_tokens_needed
+from radixlm.messages.io_struct import EmbeddingOut, FinishReason, SpecCounts, TokenOut
+from radixlm.messages.stop_regex import MATCH_TIMEOUT, find_first_regex, tail_tokens_needed
 from radixlm.scheduler.pooling import embedding_out
 from radixlm.scheduler.request import Req
 from radixlm.server_args import ServerArgs

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlm.io_struct import EmbeddingOut, FinishReason
+from radixlm.messages.io_struct import EmbeddingOut, FinishReason
 from radixlm.models.base import PoolingModel
 from radixlm.scheduler.request import Req
 

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
-from radixlm.io_struct import FinishReason
+from radixlm.messages.io_struct import FinishReason
 from radixlm.scheduler.groups import SampleGroups
 from radixlm.scheduler.kv_manager import KVManager
 from radixlm.scheduler.policy import NewTokenRatio, PriorityOrder

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import zmq
 
 from radixlm.distributed.parallel_state import TPConfig
-from radixlm.io_struct import (
+from radixlm.messages.io_struct import (
     AbortReq,
     BatchEmbeddingOut,
     BatchTokenIDOut,

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-from radixlm.io_struct import ProfileOut, ProfileReq
+from radixlm.messages.io_struct import ProfileOut, ProfileReq
 
 logger = logging.getLogger(__name__)
 

@@ -20,14 +20,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from radixlm.io_struct import FinishReason, LogprobEntry, PoolingParams, TokenizedGenerateReq
-from radixlm.multimodal.mm_inputs import MultimodalInputs
-from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.messages.io_struct import (
+    FinishReason,
+    LogprobEntry,
+    PoolingParams,
+    TokenizedGenerateReq,
+)
+from radixlm.messages.mm_inputs import MultimodalInputs
+from radixlm.messages.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from radixlm.constrained.base_grammar_backend import BaseGrammarObject
     from radixlm.mem_cache.disk_tier import DiskLoad
-    from radixlm.speculative.ngram_drafter import SpecState
+    from radixlm.speculative.spec_state import SpecState
 
 
 class Req:

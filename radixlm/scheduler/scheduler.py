@@ -15,14 +15,15 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from radixlm.io_struct import (
+from radixlm.mem_cache import create_prefix_cache
+from radixlm.messages.forward_step import StepResult
+from radixlm.messages.io_struct import (
     AbortReq,
     FinishReason,
     TokenizedGenerateReq,
     TokenOut,
     is_sample_of,
 )
-from radixlm.model_executor.forward_step import StepResult
 from radixlm.scheduler.acceptance import TokenAcceptor
 from radixlm.scheduler.batch_log import BatchLog
 from radixlm.scheduler.budget import StepBudget
@@ -31,6 +32,7 @@ from radixlm.scheduler.groups import SampleGroups
 from radixlm.scheduler.jump_forward import JumpForward
 from radixlm.scheduler.kv_disk import build_disk_tier
 from radixlm.scheduler.kv_manager import KVManager
+from radixlm.scheduler.ngram_drafter import NgramDrafter
 from radixlm.scheduler.output_processor import OutputProcessor
 from radixlm.scheduler.policy import NewTokenRatio, PriorityOrder, order_waiting
 from radixlm.scheduler.preemption import Retractor
@@ -38,7 +40,6 @@ from radixlm.scheduler.profiler import Profiler
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.step_plan import ScheduledReq, StepPlan
 from radixlm.server_args import ServerArgs
-from radixlm.speculative.ngram_drafter import NgramDrafter
 from radixlm.tokenizer_utils import TokenDecoder
 
 if TYPE_CHECKING:
@@ -59,12 +60,16 @@ class Scheduler:
         tokenizer: None with --skip-tokenizer-init (no stop strings, no jump-forward)."""
         self.args = server_args
         self.runner = runner
+        # NOTE: a pool without layers (an encoder writes no KV) has no prefix to share.
+        prefix_cache = create_prefix_cache(
+            runner.token_to_kv_pool,
+            server_args.disable_radix_cache or runner.token_to_kv_pool.num_layers == 0)
         self.kv = KVManager(
             runner.req_to_token_pool,
             runner.token_to_kv_pool,
-            runner.prefix_cache,
+            prefix_cache,
             shares_prefixes=not server_args.disable_radix_cache,
-            disk_tier=build_disk_tier(server_args, runner),
+            disk_tier=build_disk_tier(server_args, runner, prefix_cache),
             write_through=server_args.kv_cache_disk_write_policy == "write_through",
         )
         self.output = OutputProcessor(server_args, tokenizer, runner.eos_token_ids,
@@ -234,7 +239,7 @@ class Scheduler:
            priority scheduling, running requests may also be preempted for a
            more urgent waiting one (preemption.py); with speculative decoding,
            decoding requests then add their drafted tokens while budget and
-           KV slots last (speculative/ngram_drafter.py);
+           KV slots last (ngram_drafter.py);
         2. requests part-way through their prompt get chunks of at most
            `chunked_prefill_size` while budget and memory last;
         3. waiting requests are admitted in policy order while there is a

@@ -1,7 +1,7 @@
 """The scheduler's plan of one step: which request computes which of its tokens.
 
 `schedule()` builds a `StepPlan`; `to_forward_step()` turns it into the
-runner's plain `ForwardStep` (forward_step.py), item for item, and
+runner's plain `ForwardStep` (messages/forward_step.py), item for item, and
 `Scheduler._process` applies the runner's `StepResult` back to the plan's
 requests. The plan keeps the request objects; the ForwardStep never does.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.model_executor.forward_step import (
+from radixlm.messages.forward_step import (
     ForwardStep,
     PromptLogprobSpec,
     SamplingSpec,

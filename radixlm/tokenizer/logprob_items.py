@@ -1,7 +1,7 @@
 """The scheduler's logprobs as the API reports them: `[logprob, token_id, text]` items.
 
 The scheduler sends `(logprob, token_id)` pairs (io_struct's `LogprobEntry`);
-a sample's output carries them as `LogprobItem`s (generate_output.py), with
+a sample's output carries them as `LogprobItem`s (messages/generate_output.py), with
 the token's text only when the request asked for it and a tokenizer is
 loaded. A prompt position without a logprob (the first one) still names its
 token, `[None, token_id, text]`, from the prompt the sample's state keeps.
@@ -9,16 +9,24 @@ token, `[None, token_id, text]`, from the prompt the sample's state keeps.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from radixlm.io_struct import LogprobEntry, TokenOut
-from radixlm.tokenizer.generate_output import GenerateOutput, LogprobItem
-
-if TYPE_CHECKING:
-    from radixlm.tokenizer.sample_state import SampleState
+from radixlm.messages.generate_output import GenerateOutput, LogprobItem
+from radixlm.messages.io_struct import LogprobEntry, TokenOut
 
 
-def add_logprobs(out: GenerateOutput, tok: TokenOut, state: SampleState,
+class LogprobSource(Protocol):
+    """sample_state.SampleState, as far as this module reads it."""
+
+    @property
+    def return_text_in_logprobs(self) -> bool: ...
+    @property
+    def prompt_ids(self) -> list[int] | None: ...
+    @property
+    def logprob_start_len(self) -> int: ...
+
+
+def add_logprobs(out: GenerateOutput, tok: TokenOut, state: LogprobSource,
                  tokenizer: Any) -> None:
     """Set `out`'s logprob fields from the delta `tok` of `state`'s sample; `tokenizer`
     decodes each token's text (None with --skip-tokenizer-init: no text)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixlm.io_struct import EmbeddingOut
+from radixlm.messages.io_struct import EmbeddingOut
 from radixlm.tokenizer.sample_state import SampleState
 
 

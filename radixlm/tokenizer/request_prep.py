@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from radixlm.multimodal.mm_inputs import MultimodalInputs
-from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.messages.mm_inputs import MultimodalInputs
+from radixlm.messages.sampling_params import SamplingParams
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
 from radixlm.tokenizer.request_input import SingleReq

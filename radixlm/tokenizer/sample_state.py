@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.io_struct import EmbeddingOut, StrOut
-from radixlm.tokenizer.generate_output import GenerateOutput, LogprobItem
+from radixlm.messages.generate_output import GenerateOutput, LogprobItem
+from radixlm.messages.io_struct import EmbeddingOut, StrOut
 from radixlm.tokenizer.logprob_items import add_logprobs
 
 

@@ -37,7 +37,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from radixlm.io_struct import (
+from radixlm.messages.generate_output import GenerateOutput
+from radixlm.messages.io_struct import (
     AbortReq,
     BatchEmbeddingOut,
     BatchStrOut,
@@ -56,13 +57,12 @@ from radixlm.io_struct import (
     UpdateWeightsFromDiskReq,
     sample_rid,
 )
-from radixlm.multimodal.mm_inputs import MultimodalInputs
+from radixlm.messages.mm_inputs import MultimodalInputs
+from radixlm.messages.sampling_params import SamplingParams, sample_seed
 from radixlm.multimodal.processor import TextOnlyProcessor, create_mm_processor
-from radixlm.sampling.sampling_params import SamplingParams, sample_seed
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
 from radixlm.tokenizer.control_channel import ControlChannel, ReplyT
-from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput, check_dimensions, tokenize_pooling
 from radixlm.tokenizer.pooling_output import EmbeddingResult, embedding_result
 from radixlm.tokenizer.request_input import GenerateReqInput, SingleReq
@@ -153,7 +153,7 @@ class TokenizerManager:
         """Yield outputs: for streams, one per delta; otherwise one per sample at its end.
 
         Each output carries what its sample produced since its previous output
-        (see generate_output.py); `index` is its place in the prompt-major list of
+        (see messages/generate_output.py); `index` is its place in the prompt-major list of
         samples.
         """
         self._check_alive()

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import TYPE_CHECKING
 
-from radixlm.io_struct import sample_rid
-from radixlm.multimodal.mm_inputs import MultimodalInputs
-from radixlm.sampling.sampling_params import GRAMMAR_PARAMS, SamplingParams
+from radixlm.messages.io_struct import sample_rid
+from radixlm.messages.mm_inputs import MultimodalInputs
+from radixlm.messages.sampling_params import GRAMMAR_PARAMS, SamplingParams
 from radixlm.tokenizer.request_input import SingleReq
 
 if TYPE_CHECKING:

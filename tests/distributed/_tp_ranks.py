@@ -16,7 +16,7 @@ import sys
 import torch
 
 from radixlm.distributed.parallel_state import TPConfig
-from radixlm.model_executor.forward_step import ForwardStep, StepItem
+from radixlm.messages.forward_step import ForwardStep, StepItem
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.server_args import ServerArgs
 

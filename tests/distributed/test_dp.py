@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 
 from radixlm import Engine
-from radixlm.bench_stream import build_tiny_llama
+from radixlm.bench.stream import build_tiny_llama
 from radixlm.distributed.dp_controller import LoadBalancer
-from radixlm.io_struct import ReplicaLoad
+from radixlm.messages.io_struct import ReplicaLoad
 
 
 @pytest.fixture(scope="module")

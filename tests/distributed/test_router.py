@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from radixlm.bench_stream import build_tiny_llama
+from radixlm.bench.stream import build_tiny_llama
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "entrypoints"))
 from _server_process import ServerProcess, free_port  # noqa: E402

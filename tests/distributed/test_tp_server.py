@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from radixlm.bench_stream import build_tiny_llama
+from radixlm.bench.stream import build_tiny_llama
 from radixlm.distributed.parallel_state import free_loopback_addr
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "entrypoints"))

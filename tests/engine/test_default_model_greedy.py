@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from radixlm import Engine
-from radixlm.model_loader.default_model import default_model_path
+from radixlm.default_model import default_model_path
 
 PROMPTS = [
     "The capital of France is",

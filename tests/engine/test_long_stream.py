@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from radixlm import Engine
-from radixlm.bench_stream import build_tiny_llama
+from radixlm.bench.stream import build_tiny_llama
 
 NUM_TOKENS = 3000
 MAX_CHUNK_BYTES = 1500  # a chunk of one or two tokens with their top-2 logprobs

@@ -20,11 +20,11 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.io_struct import FinishReason, FlushCacheOut, sample_rid
+from radixlm.messages.generate_output import GenerateOutput
+from radixlm.messages.io_struct import FinishReason, FlushCacheOut, sample_rid
 from radixlm.multimodal.processor import BaseMultimodalProcessor, TextOnlyProcessor
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
-from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.request_input import GenerateReqInput
 from radixlm.tokenizer.tokenizer_manager import EngineDeadError
 from radixlm.tokenizer.validation import validate_request
@@ -264,7 +264,7 @@ def serve_fake(tokenizer: Any, reply: str = REPLY, context_length: int = 4096,
     healthy (a generator: `yield from` it in a fixture); `args` are ServerArgs fields."""
     from starlette.testclient import TestClient
 
-    from radixlm.entrypoints.http_server import create_app
+    from radixlm.entrypoints.http.server import create_app
 
     tm = FakeTokenizerManager(tokenizer, context_length=context_length, reply=reply)
     app = create_app(ServerArgs(served_model_name="fake", **args), fake_starter(tm))

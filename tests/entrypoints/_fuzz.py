@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from hypothesis import strategies as st
 
-from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.messages.sampling_params import SamplingParams
 
 CHARS = st.characters(codec="utf-8")  # no lone surrogates: JSON text must be UTF-8
 JSON_SCALARS = (st.none() | st.booleans() | st.integers() | st.text(CHARS, max_size=12)

@@ -63,7 +63,7 @@ def _check_sigterm_drains(srv: ServerProcess) -> None:
 def tokenizer(server: ServerProcess) -> Any:
     from transformers import AutoTokenizer
 
-    from radixlm.model_loader.default_model import resolve_model_dir
+    from radixlm.model_loader.model_path import resolve_model_dir
 
     return AutoTokenizer.from_pretrained(resolve_model_dir(None))
 

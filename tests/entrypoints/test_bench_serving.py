@@ -18,8 +18,8 @@ import pytest
 import uvicorn
 from _fake_runtime import FakeTokenizerManager, byte_tokenizer, fake_starter
 
-from radixlm import bench_serving
-from radixlm.entrypoints.http_server import create_app
+from radixlm.bench import serving as bench_serving
+from radixlm.entrypoints.http.server import create_app
 from radixlm.server_args import ServerArgs
 
 

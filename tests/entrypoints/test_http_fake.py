@@ -15,7 +15,7 @@ import pytest
 from _fake_runtime import REPLY, FakeTokenizerManager, byte_tokenizer, fake_starter
 from starlette.testclient import TestClient
 
-from radixlm.entrypoints.http_server import create_app
+from radixlm.entrypoints.http.server import create_app
 from radixlm.server_args import ServerArgs
 
 KEY = "sk-test"

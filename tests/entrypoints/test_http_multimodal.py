@@ -27,7 +27,7 @@ from _tiny_llava import (  # noqa: E402
     png_bytes,
 )
 
-from radixlm.entrypoints.http_server import create_app  # noqa: E402
+from radixlm.entrypoints.http.server import create_app  # noqa: E402
 from radixlm.multimodal.processor import create_mm_processor  # noqa: E402
 from radixlm.server_args import ServerArgs  # noqa: E402
 

@@ -13,11 +13,11 @@ import pytest
 from _fake_runtime import FakeTokenizerManager, byte_tokenizer, fake_starter
 from starlette.testclient import TestClient
 
-from radixlm.entrypoints.http_server import create_app
-from radixlm.io_struct import FinishReason
-from radixlm.sampling.sampling_params import GRAMMAR_PARAMS, TOO_MANY_GRAMMARS
+from radixlm.entrypoints.http.server import create_app
+from radixlm.messages.generate_output import GenerateOutput
+from radixlm.messages.io_struct import FinishReason
+from radixlm.messages.sampling_params import GRAMMAR_PARAMS, TOO_MANY_GRAMMARS
 from radixlm.server_args import ServerArgs
-from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.request_input import GenerateReqInput
 
 ROUTES = {"chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),

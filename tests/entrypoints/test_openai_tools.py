@@ -6,8 +6,8 @@ import re
 
 import pytest
 
+from radixlm.entrypoints.http.errors import APIError
 from radixlm.entrypoints.openai.agents import AgentSettings
-from radixlm.entrypoints.openai.errors import APIError
 from radixlm.entrypoints.openai.peer_fields import StructuredOutputs, choice_regex, peer_grammars
 from radixlm.entrypoints.openai.responses_input import ResponsesRequest, to_chat_request
 from radixlm.entrypoints.openai.tools import ChoiceParser, plan_tools

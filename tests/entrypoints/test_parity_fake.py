@@ -14,7 +14,7 @@ import pytest
 from _fake_runtime import FakeTokenizerManager, byte_tokenizer, fake_starter
 from starlette.testclient import TestClient
 
-from radixlm.entrypoints.http_server import create_app
+from radixlm.entrypoints.http.server import create_app
 from radixlm.entrypoints.openai.response_store import ResponseStore
 from radixlm.server_args import ServerArgs
 

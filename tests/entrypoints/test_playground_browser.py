@@ -340,7 +340,7 @@ def vision_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     sys.path.insert(0, str(Path(__file__).parents[1] / "multimodal"))
     from _tiny_llava import build_processor_dir
 
-    from radixlm.entrypoints.http_server import create_app
+    from radixlm.entrypoints.http.server import create_app
     from radixlm.multimodal.processor import create_mm_processor
     from radixlm.server_args import ServerArgs
 

@@ -19,11 +19,11 @@ import pytest
 from _fake_runtime import FakeTokenizerManager, byte_tokenizer, fake_starter
 from starlette.testclient import TestClient
 
-from radixlm.entrypoints.http_server import create_app
+from radixlm.entrypoints.http.server import create_app
 from radixlm.server_args import ServerArgs
 
 ROOT = Path(__file__).resolve().parents[2]
-STATIC = ROOT / "radixlm" / "entrypoints" / "static"
+STATIC = ROOT / "radixlm" / "entrypoints" / "playground" / "static"
 KEY = "sk-playground"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
@@ -85,7 +85,7 @@ def test_unknown_files_are_404_and_the_api_keeps_its_key(client: TestClient) -> 
 def test_package_data_ships_every_static_file() -> None:
     """pyproject's package-data globs cover each file the page needs (so a wheel has them)."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    globs = config["tool"]["setuptools"]["package-data"]["radixlm.entrypoints"]
+    globs = config["tool"]["setuptools"]["package-data"]["radixlm.entrypoints.playground"]
     files = sorted(p.name for p in STATIC.iterdir() if p.is_file())
     assert {"index.html", "app.js", "playground.css"} <= set(files)
     for name in files:

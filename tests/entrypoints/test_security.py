@@ -1,4 +1,4 @@
-"""Cross-site protection (radixlm/entrypoints/security.py): the helpers, and the flags
+"""Cross-site protection (radixlm/entrypoints/http/security.py): the helpers, and the flags
 --allowed-hosts / --allowed-origins on the app over a fake runtime. The defaults are
 tested on the real server in test_server_hardening.py."""
 
@@ -13,14 +13,14 @@ import pytest
 from _fake_runtime import FakeTokenizerManager, byte_tokenizer, fake_starter
 from starlette.testclient import TestClient
 
-from radixlm.entrypoints.http_server import create_app
-from radixlm.entrypoints.security import (
+from radixlm.entrypoints.http.security import (
     default_allowed_hosts,
     host_allowed,
     is_loopback_host,
     same_origin,
     split_host,
 )
+from radixlm.entrypoints.http.server import create_app
 from radixlm.server_args import ServerArgs
 
 

@@ -38,7 +38,7 @@ from radixlm.entrypoints.anthropic.protocol import (  # noqa: E402
     CountTokensRequest,
     MessagesRequest,
 )
-from radixlm.entrypoints.native_api import AbortRequest, GenerateRequest  # noqa: E402
+from radixlm.entrypoints.native.api import AbortRequest, GenerateRequest  # noqa: E402
 from radixlm.entrypoints.ollama import protocol as ollama  # noqa: E402
 from radixlm.entrypoints.openai.protocol import (  # noqa: E402
     ChatCompletionRequest,

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from _server_process import ServerProcess
 
-from radixlm.bench_stream import build_tiny_llama
+from radixlm.bench.stream import build_tiny_llama
 
 NUM_TOKENS = 3000
 MAX_EVENT_BYTES = 1500

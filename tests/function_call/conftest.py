@@ -15,7 +15,7 @@ BACKEND_NAMES = ["xgrammar", "llguidance", "outlines"]
 def tokenizer() -> Any:
     import transformers
 
-    from radixlm.model_loader.default_model import resolve_model_dir
+    from radixlm.model_loader.model_path import resolve_model_dir
 
     return transformers.AutoTokenizer.from_pretrained(resolve_model_dir(None))
 

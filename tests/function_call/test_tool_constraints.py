@@ -291,7 +291,7 @@ def marker_tokenizer() -> Any:
     tokens), Mistral and Llama (special tokens)."""
     import transformers
 
-    from radixlm.model_loader.default_model import resolve_model_dir
+    from radixlm.model_loader.model_path import resolve_model_dir
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model_dir(None))
     tokenizer.add_tokens(["<tool_call>", "</tool_call>"])

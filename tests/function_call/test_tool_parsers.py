@@ -190,7 +190,7 @@ def test_detect_tool_parser(
 def test_default_model_template_gets_the_generic_parser() -> None:
     import transformers
 
-    from radixlm.model_loader.default_model import resolve_model_dir
+    from radixlm.model_loader.model_path import resolve_model_dir
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model_dir(None))
     template = tokenizer.chat_template

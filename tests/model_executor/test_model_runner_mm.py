@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.model_executor.forward_step import ForwardStep, PromptLogprobSpec, StepItem
+from radixlm.messages.forward_step import ForwardStep, PromptLogprobSpec, StepItem
+from radixlm.messages.mm_inputs import MultimodalInputs, MultimodalItem, pad_value_for
 from radixlm.model_executor.model_runner import ModelRunner, _mm_inputs
-from radixlm.multimodal.mm_inputs import MultimodalInputs, MultimodalItem, pad_value_for
 
 VOCAB = 10
 

@@ -11,16 +11,13 @@ import os
 import pytest
 import torch
 
+from radixlm.default_model import default_model_path, display_name
 from radixlm.layers.attention import create_attention_backend
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.model_loader import gguf_arch, gguf_convert
-from radixlm.model_loader.default_model import (
-    default_model_path,
-    display_name,
-    resolve_model_dir,
-)
 from radixlm.model_loader.loader import load_model
+from radixlm.model_loader.model_path import resolve_model_dir
 
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 

@@ -70,6 +70,7 @@ def test_real_shapes(gen: ModuleType) -> None:
     assert _params(gen, "qwen3-0.6b")[0] == pytest.approx(0.60, abs=0.03)
     total, active = _params(gen, "qwen3moe-2b")
     assert total == pytest.approx(2.1, abs=0.1) and active == pytest.approx(0.9, abs=0.1)
+    assert _params(gen, "qwen3-0.9b-dense") == pytest.approx((active, active), abs=0.005)
     total, active = _params(gen, "qwen3moe-30b-a3b")
     assert total == pytest.approx(30.5, abs=0.3) and active == pytest.approx(3.3, abs=0.3)
     assert _params(gen, "gemma3-1b")[0] == pytest.approx(1.0, abs=0.05)

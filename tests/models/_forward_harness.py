@@ -17,7 +17,7 @@ from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model_executor.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
-    from radixlm.multimodal.mm_inputs import MultimodalInputs
+    from radixlm.messages.mm_inputs import MultimodalInputs
 
 TINY = dict(
     vocab_size=256,

@@ -20,7 +20,7 @@ from _forward_harness import perturb_weights
 from PIL import Image
 from torch import nn
 
-from radixlm.multimodal.mm_inputs import (
+from radixlm.messages.mm_inputs import (
     MultimodalInputs,
     MultimodalItem,
     hash_tensor,

@@ -35,8 +35,8 @@ from _kernels import requires_bf16w
 from radixlm.layers.cpu_gemm import bf16w_supported, cpu_has_native_bf16
 from radixlm.layers.prepared_weight import prepare_model
 from radixlm.model_executor.calibration import smooth_for_int8
-from radixlm.model_loader.default_model import resolve_model_dir
 from radixlm.model_loader.loader import load_model
+from radixlm.model_loader.model_path import resolve_model_dir
 
 TEXT = os.path.join(os.path.dirname(__file__), "data", "gate_text.txt")
 CHUNK = 256

@@ -5,14 +5,17 @@ and the K/V it writes must equal the Python loop's bit for bit, over prefill
 chunks (with and without a cached prefix) and decode steps of several requests at
 once: in bf16 (the pairs kernel where the CPU has bf16 dot products, else oneDNN)
 in the exact float32 mode (oneDNN-packed weights, torch's elementwise ops) and in
-float32 over bf16 weights (--quantization bf16_weights: csrc/bf16w_gemm.cpp).
+float32 over bf16 weights (--quantization bf16_weights: csrc/bf16w_gemm.cpp). Every
+family's layer program takes the same test: Llama and Qwen2 at every ISA level the
+CPU has, the others (q/k norms, MoE, Gemma's norms, GELU and two rotary tables,
+partial rotary, NoPE layers) at the CPU's own.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from _forward_harness import PoolRunner, build_hf_model
+from _forward_harness import PoolRunner, build_hf_model, perturb_weights
 from _kernels import KERNELS_MISSING, bf16w_skip_reason
 
 from radixlm.layers.cpu_gemm import can_pack, pairs_capable
@@ -24,6 +27,23 @@ from radixlm.models import layer_stack
 # head_dim 64: the attention kernel's blocked path takes every prefill chunk too.
 STACK = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
              num_key_value_heads=2, num_hidden_layers=3)
+# The other families (transformers model_type, config overrides), each switching on what
+# its layer program adds; windows longer than the context, which the paged kernel lacks.
+FAMILIES = {
+    "qwen3": ("qwen3", dict(head_dim=64)),
+    # 16 experts (the router packs in pairs), 4 per token; layer 1 dense
+    "qwen3_moe": ("qwen3_moe", dict(head_dim=64, num_experts=16, num_experts_per_tok=4,
+                                    moe_intermediate_size=128, mlp_only_layers=[1],
+                                    norm_topk_prob=True)),
+    "gemma3": ("gemma3_text", dict(
+        head_dim=64, query_pre_attn_scalar=48, sliding_window=4096, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                            "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    "phi3": ("phi3", dict(partial_rotary_factor=0.5, pad_token_id=0)),
+    "smollm3": ("smollm3", dict(num_hidden_layers=4, pad_token_id=0)),
+}
 
 
 def _needs_packed_weights(dtype: torch.dtype) -> None:
@@ -34,21 +54,35 @@ def _needs_packed_weights(dtype: torch.dtype) -> None:
         pytest.skip(f"no packed {dtype} weights on this CPU (needs oneDNN)")
 
 
+def _skip_without_stack_kernels(dtype: torch.dtype, quantization: str, isa_level: str) -> None:
+    _needs_packed_weights(dtype)
+    if quantization == "bf16_weights" and (reason := bf16w_skip_reason()) is not None:
+        pytest.skip(reason)
+    if dtype == torch.bfloat16 and not pairs_capable(torch.zeros(16, 16, dtype=dtype)):
+        # native bf16 (oneDNN) without the pairs kernel: the level is capped below the
+        # CPU's (no CPU has AMX/AVX512_BF16 without AVX512_BF16 kernels); such layers keep
+        # plain copies for 1-2 rows, which the stack leaves to the Python loop
+        pytest.skip(f"bf16 oneDNN weights with plain copies at ISA level {isa_level}")
+
+
 def _load(tmp_path, model_type: str, dtype: torch.dtype = torch.bfloat16,  # type: ignore[no-untyped-def]
-          quantization: str = "none"):
-    hf = build_hf_model(model_type, **STACK)
+          quantization: str = "none", **overrides):
+    hf = build_hf_model(model_type, **{**STACK, **overrides})
+    # Routers away from their zero init: ties between experts would make top-k arbitrary.
+    perturb_weights(hf, extra=("mlp.gate.weight",))
     hf.save_pretrained(tmp_path)
     model, config = load_model(str(tmp_path), dtype, "cpu")
     prepare_model(model, quantization)
     return model, config
 
 
-def _run(model, config, use_stack: bool, dtype: torch.dtype = torch.bfloat16) -> tuple[list[torch.Tensor], PoolRunner]:  # type: ignore[no-untyped-def]
+def _run(model, config, use_stack: bool, dtype: torch.dtype = torch.bfloat16,  # type: ignore[no-untyped-def]
+         kv_cache_dtype: str = "auto") -> tuple[list[torch.Tensor], PoolRunner]:
     """Three requests: two prefills (one of 40 tokens, one chunked 30 + 20 after a shared
     prefix), then decode steps of all three together. Returns every step's logits."""
     model.model.use_layer_stack = use_stack
     runner = PoolRunner(model, config, num_slots=512, max_requests=4, max_context=128,
-                        dtype=dtype, backend="cpu_paged")
+                        dtype=dtype, backend="cpu_paged", kv_cache_dtype=kv_cache_dtype)
     gen = torch.Generator().manual_seed(1)
 
     def ids(n: int) -> list[int]:
@@ -73,14 +107,7 @@ def _run(model, config, use_stack: bool, dtype: torch.dtype = torch.bfloat16) ->
 def test_layer_stack_equals_the_python_loop(tmp_path, model_type: str, dtype: torch.dtype,
                                             quantization: str, monkeypatch,  # type: ignore[no-untyped-def]
                                             isa_level: str) -> None:
-    _needs_packed_weights(dtype)
-    if quantization == "bf16_weights" and (reason := bf16w_skip_reason()) is not None:
-        pytest.skip(reason)
-    if dtype == torch.bfloat16 and not pairs_capable(torch.zeros(16, 16, dtype=dtype)):
-        # native bf16 (oneDNN) without the pairs kernel: the level is capped below the
-        # CPU's (no CPU has AMX/AVX512_BF16 without AVX512_BF16 kernels); such layers keep
-        # plain copies for 1-2 rows, which the stack leaves to the Python loop
-        pytest.skip(f"bf16 oneDNN weights with plain copies at ISA level {isa_level}")
+    _skip_without_stack_kernels(dtype, quantization, isa_level)
     model, config = _load(tmp_path, model_type, dtype, quantization)
     if quantization == "bf16_weights":  # every projection takes the bf16w kernel, and
         # the float32 norms, rotary and SiLU the fused kernels, in both loops
@@ -92,6 +119,11 @@ def test_layer_stack_equals_the_python_loop(tmp_path, model_type: str, dtype: to
         assert stack is not None and stack.fused
     else:
         assert not model.model.layers[0].input_layernorm.fuse_float32
+    _assert_stack_equals_loop(model, config, dtype, monkeypatch)
+
+
+def _assert_stack_equals_loop(model, config, dtype: torch.dtype, monkeypatch,  # type: ignore[no-untyped-def]
+                              kv_cache_dtype: str = "auto") -> None:
     calls = {"stack": 0}
     run = layer_stack.LayerStack.run
 
@@ -101,9 +133,9 @@ def test_layer_stack_equals_the_python_loop(tmp_path, model_type: str, dtype: to
         return out
 
     monkeypatch.setattr(layer_stack.LayerStack, "run", counted)
-    python_logits, python_runner = _run(model, config, False, dtype)
+    python_logits, python_runner = _run(model, config, False, dtype, kv_cache_dtype)
     assert calls["stack"] == 0
-    stack_logits, stack_runner = _run(model, config, True, dtype)
+    stack_logits, stack_runner = _run(model, config, True, dtype, kv_cache_dtype)
     assert calls["stack"] == 7  # every step
     assert len(stack_logits) == len(python_logits)
     for ours, ref in zip(stack_logits, python_logits):
@@ -113,13 +145,42 @@ def test_layer_stack_equals_the_python_loop(tmp_path, model_type: str, dtype: to
         assert torch.equal(ours, ref)
 
 
+@pytest.mark.parametrize(("dtype", "quantization"),
+                         [(torch.bfloat16, "none"), (torch.float32, "none"),
+                          (torch.float32, "bf16_weights")],
+                         ids=["bf16", "fp32", "fp32-bf16-weights"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_takes_the_stack_bit_for_bit(tmp_path, family: str, dtype: torch.dtype,
+                                                  quantization: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """One generic C++ loop runs every family's layer program, equal to the Python loop."""
+    _skip_without_stack_kernels(dtype, quantization, "the CPU's")
+    model_type, overrides = FAMILIES[family]
+    model, config = _load(tmp_path, model_type, dtype, quantization, **overrides)
+    assert layer_stack.refusal(model.model) is None, layer_stack.refusal(model.model)
+    _assert_stack_equals_loop(model, config, dtype, monkeypatch)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3", "fp8_e5m2"])
+def test_a_quantized_pool_takes_the_stack_bit_for_bit(tmp_path, kv_cache_dtype: str,  # type: ignore[no-untyped-def]
+                                                       monkeypatch) -> None:
+    """--kv-cache-dtype int8/fp8: the C++ loop stores K/V through the pool's quantizer
+    (kv_store, as TokenToKVPool.set_kv_buffer does) and the paged kernel reads them as
+    stored, so logits and the quantized pool equal the Python loop's bit for bit."""
+    bf16 = torch.zeros(16, 16, dtype=torch.bfloat16)
+    dtype = torch.bfloat16 if pairs_capable(bf16) else torch.float32
+    _needs_packed_weights(dtype)
+    model, config = _load(tmp_path, "llama", dtype)
+    _assert_stack_equals_loop(model, config, dtype, monkeypatch, kv_cache_dtype)
+
+
 def test_a_forward_hook_or_int8_keeps_the_python_loop(tmp_path) -> None:  # type: ignore[no-untyped-def]
     bf16 = torch.zeros(16, 16, dtype=torch.bfloat16)
     dtype = torch.bfloat16 if pairs_capable(bf16) or can_pack(bf16) else torch.float32
     _needs_packed_weights(dtype)
     model, config = _load(tmp_path, "llama", dtype)
     seen = []
-    handle = model.model.layers[1].mlp.register_forward_hook(lambda *a: seen.append(1))
+    # (hooks fire on the modules a layer program calls: norms, linears, activations)
+    handle = model.model.layers[1].mlp.down_proj.register_forward_hook(lambda *a: seen.append(1))
     _run(model, config, use_stack=True, dtype=dtype)
     assert len(seen) == 7  # the hook ran every step: the Python loop did
     handle.remove()

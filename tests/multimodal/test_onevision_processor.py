@@ -49,8 +49,8 @@ from _llava_builders import (  # noqa: E402
     random_image,
 )
 
+from radixlm.messages.mm_inputs import MultimodalInputs
 from radixlm.model_loader.loader import load_model
-from radixlm.multimodal.mm_inputs import MultimodalInputs
 from radixlm.multimodal.onevision import OnevisionProcessor, VideoFrameProcessor
 from radixlm.multimodal.processor import create_mm_processor
 from radixlm.server_args import ServerArgs

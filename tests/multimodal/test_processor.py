@@ -18,7 +18,7 @@ import torch
 from _tiny_llava import NUM_LLAVA_TOKENS, build_processor_dir, data_url, png_bytes
 from transformers import AutoProcessor, AutoTokenizer
 
-from radixlm.multimodal.mm_inputs import PAD_VALUE_RANGE, MultimodalInputs
+from radixlm.messages.mm_inputs import PAD_VALUE_RANGE, MultimodalInputs
 from radixlm.multimodal.processor import (
     HFMultimodalProcessor,
     TextOnlyProcessor,
@@ -146,7 +146,7 @@ def test_text_only_model_refuses_media(tmp_path: Path) -> None:
 
 
 def test_default_model_has_no_vision_support() -> None:
-    from radixlm.model_loader.default_model import resolve_model_dir
+    from radixlm.model_loader.model_path import resolve_model_dir
 
     proc = create_mm_processor(ServerArgs(), resolve_model_dir(None), None)
     assert isinstance(proc, TextOnlyProcessor)

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
+from radixlm.messages.sampling_params import SamplingParams
 from radixlm.sampling.filters import TOP_P_WINDOW
 from radixlm.sampling.logprobs import compute_logprobs
 from radixlm.sampling.sampler import SamplingBatchInfo, process_logits, sample
-from radixlm.sampling.sampling_params import SamplingParams
 
 EOS = 0
 

@@ -11,7 +11,7 @@ from radixlm.scheduler.jump_forward import MAX_RETOKENIZE_TOKENS, plan_jump
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from radixlm.model_loader.default_model import resolve_model_dir
+    from radixlm.model_loader.model_path import resolve_model_dir
     from radixlm.tokenizer_utils import load_decode_tokenizer
 
     try:

@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
-from radixlm.io_struct import AbortReq, TokenizedGenerateReq
-from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.messages.io_struct import AbortReq, TokenizedGenerateReq
+from radixlm.messages.sampling_params import SamplingParams
 from radixlm.scheduler.scheduler import Scheduler
 from tests.scheduler.test_scheduler import expected, make_scheduler
 

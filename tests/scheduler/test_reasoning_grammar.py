@@ -15,7 +15,7 @@ from test_scheduler import EOS, FakeRunner, FakeTokenizer, run_all, submit
 
 from radixlm.constrained.base_grammar_backend import GrammarError, mask_to_bool
 from radixlm.constrained.reasoner_grammar import FreeGrammar, ReasonerGrammar, TokenTexts
-from radixlm.model_executor.forward_step import ForwardStep, StepResult
+from radixlm.messages.forward_step import ForwardStep, StepResult
 from radixlm.scheduler.scheduler import Scheduler
 from radixlm.server_args import ServerArgs
 

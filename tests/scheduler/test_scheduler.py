@@ -13,12 +13,10 @@ import random
 
 import pytest
 
-from radixlm.io_struct import AbortReq, TokenizedGenerateReq
-from radixlm.mem_cache.chunk_cache import ChunkCache
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
-from radixlm.mem_cache.radix_cache import RadixCache
-from radixlm.model_executor.forward_step import ForwardStep, StepResult
-from radixlm.sampling.sampling_params import SamplingParams
+from radixlm.messages.forward_step import ForwardStep, StepResult
+from radixlm.messages.io_struct import AbortReq, TokenizedGenerateReq
+from radixlm.messages.sampling_params import SamplingParams
 from radixlm.scheduler.scheduler import Scheduler
 from radixlm.server_args import ServerArgs
 
@@ -47,8 +45,6 @@ class FakeRunner:
     def __init__(self, num_tokens: int, disable_radix: bool, context_len: int = 4096) -> None:
         self.token_to_kv_pool = TokenToKVPool(num_tokens, 1, 1, 1, __import__("torch").float32)
         self.req_to_token_pool = ReqToTokenPool(64, context_len + 8)
-        cache_cls = ChunkCache if disable_radix else RadixCache
-        self.prefix_cache = cache_cls(self.token_to_kv_pool)
         self.eos_token_ids = {EOS}
         self.context_len = context_len
         self.vocab_size = VOCAB
@@ -167,7 +163,7 @@ def test_images_share_the_cache_only_when_identical() -> None:
     """Pad ids stand for an image: the same image reuses its KV, another one does not."""
     import torch
 
-    from radixlm.multimodal.mm_inputs import MultimodalInputs, MultimodalItem, pad_value_for
+    from radixlm.messages.mm_inputs import MultimodalInputs, MultimodalItem, pad_value_for
 
     def image_prompt(content_hash: int) -> tuple[list[int], MultimodalInputs]:
         pad = pad_value_for(content_hash, VOCAB)

@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixlm.io_struct import TokenizedGenerateReq
 from radixlm.mem_cache.disk_block_file import SUFFIX
 from radixlm.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
-from radixlm.mem_cache.radix_cache import RadixCache
-from radixlm.model_executor.forward_step import ForwardStep, StepResult
+from radixlm.messages.forward_step import ForwardStep, StepResult
+from radixlm.messages.io_struct import TokenizedGenerateReq
+from radixlm.messages.sampling_params import SamplingParams
 from radixlm.model_executor.precision import Precision
-from radixlm.sampling.sampling_params import SamplingParams
 from radixlm.scheduler.scheduler import Scheduler
 from radixlm.server_args import ServerArgs
 
@@ -56,7 +55,6 @@ class PoolRunner:
     def __init__(self, num_tokens: int, model_dir: str) -> None:
         self.token_to_kv_pool = TokenToKVPool(num_tokens, 2, 1, 2, torch.float32, debug=True)
         self.req_to_token_pool = ReqToTokenPool(16, 1024)
-        self.prefix_cache = RadixCache(self.token_to_kv_pool)
         self.eos_token_ids = {EOS}
         self.context_len = 1000
         self.vocab_size = VOCAB
@@ -310,7 +308,7 @@ def test_loads_stay_within_their_byte_bound(tmp_path: Path, model_dir: str) -> N
 
 
 def test_an_aborted_request_leaves_its_load_behind(tmp_path: Path, model_dir: str) -> None:
-    from radixlm.io_struct import AbortReq
+    from radixlm.messages.io_struct import AbortReq
 
     s = make(tmp_path / "kv", model_dir)
     a = prompt(32, 60)
@@ -356,7 +354,7 @@ def test_a_load_waits_for_room_without_churning(tmp_path: Path, model_dir: str) 
 
 def test_new_weights_key_new_blocks(tmp_path: Path, model_dir: str) -> None:
     """/update_weights_from_disk: the old weights' blocks are never served for the new."""
-    from radixlm.io_struct import UpdateWeightsFromDiskReq
+    from radixlm.messages.io_struct import UpdateWeightsFromDiskReq
     from radixlm.scheduler import control
 
     other = tmp_path / "other"

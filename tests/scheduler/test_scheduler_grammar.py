@@ -13,7 +13,7 @@ from test_scheduler import FakeTokenizer, make_scheduler, run_all, submit
 
 from radixlm.constrained.base_grammar_backend import GrammarError
 from radixlm.constrained.grammar_cache import PollResult
-from radixlm.io_struct import AbortReq
+from radixlm.messages.io_struct import AbortReq
 from radixlm.scheduler.grammar_manager import GrammarManager
 from radixlm.scheduler.scheduler import Scheduler
 from radixlm.server_args import ServerArgs

@@ -20,7 +20,7 @@ from test_scheduler import EOS, VOCAB, FakeRunner, FakeTokenizer, run_all, submi
 from test_scheduler_grammar import ForcingGrammar, LetterTokenizer
 
 from radixlm.constrained.base_grammar_backend import GrammarError
-from radixlm.model_executor.forward_step import ForwardStep, StepResult
+from radixlm.messages.forward_step import ForwardStep, StepResult
 from radixlm.scheduler.scheduler import Scheduler
 from radixlm.server_args import ServerArgs
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import zmq
 
-from radixlm.io_struct import AbortReq, TokenizedGenerateReq
+from radixlm.messages.io_struct import AbortReq, TokenizedGenerateReq
 from radixlm.server_args import ServerArgs
 from radixlm.tokenizer.request_input import GenerateReqInput
 from radixlm.tokenizer.tokenizer_manager import TokenizerManager
@@ -65,7 +65,7 @@ def test_images_reach_the_scheduler_expanded(tmp_path: Path) -> None:
 
 
 def test_default_text_model_rejects_images_and_serves_text() -> None:
-    from radixlm.model_loader.default_model import resolve_model_dir
+    from radixlm.model_loader.model_path import resolve_model_dir
 
     obj = GenerateReqInput(text="hi", image_data=data_url(png_bytes()))
     err = asyncio.run(_first_message(ServerArgs(), resolve_model_dir(None), obj,

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from radixlm.entrypoints.strict import StrictModel
+from radixlm.entrypoints.http.strict import StrictModel
 
 
 class _Lenient(StrictModel):

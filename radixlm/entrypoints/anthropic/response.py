@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from radixlm.entrypoints.anthropic.protocol import MessagesRequest
 from radixlm.entrypoints.openai.serving_chat import ChatJob, is_cut
 from radixlm.entrypoints.openai.tools import ChoiceParser
-from radixlm.tokenizer.generate_output import GenerateOutput
+from radixlm.messages.generate_output import GenerateOutput
 
 
 class StopInfo(NamedTuple):

@@ -18,9 +18,9 @@ arguments are not a whole JSON object, is dropped).
   `cache_read_input_tokens` (the prefix cache's hit), `output_tokens`.
 - `max_tokens` past what the context leaves is capped there (clients such as
   Claude Code send 32000 whatever the model).
-- Headers: `x-api-key` is accepted for `--api-key` (middleware.py);
+- Headers: `x-api-key` is accepted for `--api-key` (http/middleware.py);
   `anthropic-version` must be a date (YYYY-MM-DD) when given, `anthropic-beta`
-  is accepted. Errors have Anthropic's shape (error_shapes.py).
+  is accepted. Errors have Anthropic's shape (http/error_shapes.py).
 """
 
 from __future__ import annotations
@@ -36,13 +36,12 @@ from radixlm.entrypoints.anthropic.protocol import CountTokensRequest, MessagesR
 from radixlm.entrypoints.anthropic.response import message_body
 from radixlm.entrypoints.anthropic.stream import stream_message
 from radixlm.entrypoints.anthropic.translate import chat_request_dict
-from radixlm.entrypoints.http_utils import parse_body
-from radixlm.entrypoints.native_api import state_of
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse, validation_error
+from radixlm.entrypoints.http.errors import APIError, JSONResponse, validation_error
+from radixlm.entrypoints.http.state import ServerState, state_of
+from radixlm.entrypoints.http.utils import parse_body
 from radixlm.entrypoints.openai.protocol import ChatCompletionRequest
 from radixlm.entrypoints.openai.serving_chat import ChatJob, prepare_chat, run_chat
 from radixlm.entrypoints.openai.utils import new_id
-from radixlm.entrypoints.server_state import ServerState
 
 router = APIRouter(prefix="/v1")
 

@@ -30,12 +30,12 @@ from starlette.responses import StreamingResponse
 
 from radixlm.entrypoints.anthropic.protocol import MessagesRequest
 from radixlm.entrypoints.anthropic.response import stop_info, usage
-from radixlm.entrypoints.error_shapes import anthropic_error_body
-from radixlm.entrypoints.http_utils import aclose, all_outputs, open_stream, sse_response
+from radixlm.entrypoints.http.error_shapes import anthropic_error_body
+from radixlm.entrypoints.http.errors import APIError
+from radixlm.entrypoints.http.utils import aclose, all_outputs, open_stream, sse_response
 from radixlm.entrypoints.openai.call_watch import STOP_MESSAGE
-from radixlm.entrypoints.openai.errors import APIError
 from radixlm.entrypoints.openai.serving_chat import ChatJob, is_cut
-from radixlm.tokenizer.generate_output import GenerateOutput
+from radixlm.messages.generate_output import GenerateOutput
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:

@@ -40,7 +40,7 @@ from radixlm.entrypoints.anthropic.protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from radixlm.entrypoints.openai.errors import APIError
+from radixlm.entrypoints.http.errors import APIError
 
 
 def chat_request_dict(req: ConversationRequest, stream: bool = False,

@@ -4,7 +4,7 @@
     GET  /api/tags, /api/ps, /api/version  models.py
     POST /api/show, /api/embed, /api/embeddings
 
-Errors are Ollama's `{"error": "..."}` with the HTTP status (error_shapes.py);
+Errors are Ollama's `{"error": "..."}` with the HTTP status (http/error_shapes.py);
 the `model` of a chat or generate request is accepted whatever it names, as on
 the OpenAI routes: this server serves one model.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from radixlm.entrypoints.native_api import state_of
+from radixlm.entrypoints.http.state import state_of
 from radixlm.entrypoints.ollama import models, serving
 
 router = APIRouter(prefix="/api")

@@ -25,12 +25,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixlm.entrypoints.http_utils import parse_body
+from radixlm.entrypoints.http.errors import APIError, JSONResponse
+from radixlm.entrypoints.http.state import ServerState
+from radixlm.entrypoints.http.utils import parse_body
 from radixlm.entrypoints.ollama.protocol import EmbeddingsRequest, EmbedRequest, ShowRequest
 from radixlm.entrypoints.openai.agents import template_source
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse
 from radixlm.entrypoints.openai.serving_embedding import _encode
-from radixlm.entrypoints.server_state import ServerState
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput
 
 # The Ollama version whose API these routes follow; clients gate features on it

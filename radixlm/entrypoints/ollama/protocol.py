@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from radixlm.entrypoints.strict import StrictModel
-from radixlm.sampling.sampling_params import (
+from radixlm.entrypoints.http.strict import StrictModel
+from radixlm.messages.sampling_params import (
     MAX_REPETITION_PENALTY,
     MAX_TEMPERATURE,
     MIN_REPETITION_PENALTY,

@@ -27,7 +27,7 @@ from typing import Any
 from radixlm.entrypoints.openai.call_watch import STOP_MESSAGE
 from radixlm.entrypoints.openai.serving_chat import ChatJob, is_cut
 from radixlm.entrypoints.openai.tools import ChoiceParser
-from radixlm.tokenizer.generate_output import GenerateOutput
+from radixlm.messages.generate_output import GenerateOutput
 
 
 def created_at() -> str:

@@ -31,7 +31,9 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from radixlm.entrypoints.http_utils import aclose, all_outputs, collect, open_stream, parse_body
+from radixlm.entrypoints.http.errors import APIError, JSONResponse, validation_error
+from radixlm.entrypoints.http.state import ServerState
+from radixlm.entrypoints.http.utils import aclose, all_outputs, collect, open_stream, parse_body
 from radixlm.entrypoints.ollama.protocol import ChatRequest, GenerateRequest, Options
 from radixlm.entrypoints.ollama.reply import Reply, load_reply
 from radixlm.entrypoints.ollama.translate import (
@@ -40,13 +42,11 @@ from radixlm.entrypoints.ollama.translate import (
     sampling_fields,
 )
 from radixlm.entrypoints.openai.call_watch import merge_outputs
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse, validation_error
 from radixlm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from radixlm.entrypoints.openai.serving_chat import ChatJob, prepare_chat, run_chat
 from radixlm.entrypoints.openai.serving_completions import tokenize_prompts
 from radixlm.entrypoints.openai.utils import new_id
-from radixlm.entrypoints.server_state import ServerState
-from radixlm.tokenizer.generate_output import GenerateOutput
+from radixlm.messages.generate_output import GenerateOutput
 from radixlm.tokenizer.request_input import GenerateReqInput
 
 NDJSON = "application/x-ndjson"

@@ -19,9 +19,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from radixlm.entrypoints.http_utils import parse_body
-from radixlm.entrypoints.native_api import state_of
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse
+from radixlm.entrypoints.http.errors import APIError, JSONResponse
+from radixlm.entrypoints.http.state import state_of
+from radixlm.entrypoints.http.utils import parse_body
 from radixlm.entrypoints.openai.protocol import (
     DetokenizeRequest,
     ModelCard,

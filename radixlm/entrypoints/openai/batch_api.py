@@ -29,11 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
-from radixlm.entrypoints.http_utils import parse_body
+from radixlm.entrypoints.http.errors import APIError, JSONResponse, validation_error
+from radixlm.entrypoints.http.state import ServerState
+from radixlm.entrypoints.http.utils import parse_body
 from radixlm.entrypoints.openai.batch_manager import BatchError, BatchManager
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse, validation_error
 from radixlm.entrypoints.openai.file_store import FileStore, StorageFull
-from radixlm.entrypoints.server_state import ServerState
 from radixlm.tokenizer.tokenizer_manager import background_traffic
 
 logger = logging.getLogger(__name__)

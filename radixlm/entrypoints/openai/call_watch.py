@@ -19,8 +19,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from radixlm.entrypoints.http_utils import collect
-from radixlm.tokenizer.generate_output import GenerateOutput
+from radixlm.entrypoints.http.utils import collect
+from radixlm.messages.generate_output import GenerateOutput
 
 STOP_MESSAGE = "The answer ended: a repeated tool call, or the tool-call limit"
 

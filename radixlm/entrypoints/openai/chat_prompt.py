@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from radixlm.chat_template import render_chat
-from radixlm.entrypoints.openai.errors import APIError
+from radixlm.entrypoints.http.errors import APIError
+from radixlm.entrypoints.http.state import ServerState
 from radixlm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -33,7 +34,6 @@ from radixlm.entrypoints.openai.protocol import (
     VideoPart,
 )
 from radixlm.entrypoints.openai.tools import ToolPlan
-from radixlm.entrypoints.server_state import ServerState
 
 
 class ChatPrompt(NamedTuple):

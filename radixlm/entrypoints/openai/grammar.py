@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from radixlm.entrypoints.strict import StrictModel
-from radixlm.sampling.sampling_params import TOO_MANY_GRAMMARS
+from radixlm.entrypoints.http.strict import StrictModel
+from radixlm.messages.sampling_params import TOO_MANY_GRAMMARS
 
 JSON_OBJECT_SCHEMA = json.dumps({"type": "object"})  # any JSON object
 

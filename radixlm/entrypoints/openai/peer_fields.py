@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from radixlm.entrypoints.strict import StrictModel
+from radixlm.entrypoints.http.strict import StrictModel
 from radixlm.function_call.constraint import _regex_escape
 
 JSON_OBJECT_SCHEMA = json.dumps({"type": "object"})

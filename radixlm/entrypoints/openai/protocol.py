@@ -5,7 +5,7 @@ fields), but every field they declare is checked for type and range, so a bad
 value is a 400 that names the field. Types are strict (`StrictModel`): no
 string is a number or a boolean, no boolean an integer, and floats are finite.
 Ranges the runtime also checks (`SamplingParams.verify`) are repeated here where
-OpenAI documents them or where float32 sampling needs them (sampling_params.py).
+OpenAI documents them or where float32 sampling needs them (messages/sampling_params.py).
 Responses are plain models whose `model_dump()` is the wire format.
 """
 
@@ -24,10 +24,10 @@ from pydantic import (
     model_validator,
 )
 
+from radixlm.entrypoints.http.strict import StrictModel
 from radixlm.entrypoints.openai.grammar import ResponseFormat, request_grammar
 from radixlm.entrypoints.openai.peer_fields import StructuredOutputs, peer_grammars
-from radixlm.entrypoints.strict import StrictModel
-from radixlm.sampling.sampling_params import (
+from radixlm.messages.sampling_params import (
     MAX_LOGIT_BIAS,
     MAX_N,
     MAX_REPETITION_PENALTY,

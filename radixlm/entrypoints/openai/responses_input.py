@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, ValidationError
 
-from radixlm.entrypoints.openai.errors import APIError, validation_error
+from radixlm.entrypoints.http.errors import APIError, validation_error
+from radixlm.entrypoints.http.strict import StrictModel
 from radixlm.entrypoints.openai.protocol import ChatCompletionRequest
-from radixlm.entrypoints.strict import StrictModel
 
 
 class ResponsesRequest(StrictModel):

@@ -29,10 +29,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixlm.chat_template import template_stop_ids
-from radixlm.entrypoints.http_utils import collect, parse_body, sse, sse_stream
+from radixlm.entrypoints.http.errors import APIError, JSONResponse
+from radixlm.entrypoints.http.state import ServerState
+from radixlm.entrypoints.http.utils import collect, parse_body, sse, sse_stream
 from radixlm.entrypoints.openai.call_watch import STOP_MESSAGE, collect_watching
 from radixlm.entrypoints.openai.chat_prompt import build_chat_prompt
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse
 from radixlm.entrypoints.openai.protocol import (
     ChatChoice,
     ChatCompletionRequest,
@@ -49,10 +50,9 @@ from radixlm.entrypoints.openai.utils import (
     make_usage,
     new_id,
 )
-from radixlm.entrypoints.server_state import ServerState
+from radixlm.messages.generate_output import GenerateOutput
 from radixlm.reasoning import ReasoningParser
 from radixlm.reasoning.gate import grammar_phase, reasoning_for_prompt
-from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.request_input import GenerateReqInput
 
 

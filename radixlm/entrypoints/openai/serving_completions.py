@@ -17,8 +17,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixlm.entrypoints.http_utils import collect, parse_body, sse, sse_stream
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse
+from radixlm.entrypoints.http.errors import APIError, JSONResponse
+from radixlm.entrypoints.http.state import ServerState
+from radixlm.entrypoints.http.utils import collect, parse_body, sse, sse_stream
 from radixlm.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -34,9 +35,8 @@ from radixlm.entrypoints.openai.utils import (
     merge_logprobs,
     new_id,
 )
-from radixlm.entrypoints.server_state import ServerState
+from radixlm.messages.generate_output import GenerateOutput
 from radixlm.tokenizer.async_tokenizer import AsyncTokenizer
-from radixlm.tokenizer.generate_output import GenerateOutput
 from radixlm.tokenizer.request_input import GenerateReqInput
 from radixlm.tokenizer.validation import prompt_too_long
 

@@ -28,10 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixlm.entrypoints.http_utils import parse_body, race_disconnect
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse
+from radixlm.entrypoints.http.errors import APIError, JSONResponse
+from radixlm.entrypoints.http.state import ServerState
+from radixlm.entrypoints.http.utils import parse_body, race_disconnect
 from radixlm.entrypoints.openai.utils import new_id
-from radixlm.entrypoints.server_state import ServerState
 from radixlm.tokenizer.pooling_input import EmbeddingReqInput
 from radixlm.tokenizer.pooling_output import EmbeddingResult, RequestAborted
 from radixlm.tokenizer.tokenizer_manager import EngineDeadError

@@ -28,15 +28,15 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixlm.entrypoints.http_utils import parse_body, sse_stream
+from radixlm.entrypoints.http.errors import APIError, JSONResponse
+from radixlm.entrypoints.http.state import ServerState
+from radixlm.entrypoints.http.utils import parse_body, sse_stream
 from radixlm.entrypoints.openai.call_watch import STOP_MESSAGE
-from radixlm.entrypoints.openai.errors import APIError, JSONResponse
 from radixlm.entrypoints.openai.response_store import output_messages
 from radixlm.entrypoints.openai.responses_input import ResponsesRequest, to_chat_request
 from radixlm.entrypoints.openai.serving_chat import ChatJob, is_cut, prepare_chat, run_chat
 from radixlm.entrypoints.openai.tools import ChoiceOutput
-from radixlm.entrypoints.server_state import ServerState
-from radixlm.tokenizer.generate_output import GenerateOutput
+from radixlm.messages.generate_output import GenerateOutput
 
 
 def _id(prefix: str) -> str:

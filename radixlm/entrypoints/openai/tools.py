@@ -29,8 +29,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.entrypoints.http.errors import APIError
 from radixlm.entrypoints.openai.agents import AgentSettings
-from radixlm.entrypoints.openai.errors import APIError
 from radixlm.function_call import (
     ContentDelta,
     ToolCallDelta,

@@ -1,6 +1,6 @@
 """Translation helpers from the runtime's outputs to OpenAI fields.
 
-A runtime output is a `GenerateOutput` (tokenizer/generate_output.py): its
+A runtime output is a `GenerateOutput` (messages/generate_output.py): its
 `index` is prompt-major (prompt i, sample j of n is i * n + j, which is also
 OpenAI's choice index), and it carries what its sample produced since its
 previous output. Logprob items are `[logprob, token_id, token_text]` (None
@@ -20,7 +20,7 @@ from radixlm.entrypoints.openai.protocol import (
     TopLogprob,
     Usage,
 )
-from radixlm.tokenizer.generate_output import GenerateOutput
+from radixlm.messages.generate_output import GenerateOutput
 
 
 def new_id(prefix: str) -> str:

@@ -1,0 +1,1 @@
+"""The web playground: one page at `GET /` (routes.py) and its files (static/)."""

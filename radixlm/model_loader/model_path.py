@@ -1,0 +1,33 @@
+"""A model path → the Hugging Face folder the loaders read.
+
+A folder is used as it is; a GGUF file (None: the default model, see
+radixlm/default_model.py) is converted once into a cache folder (gguf_convert.py,
+imported only then: it needs torch, which the HTTP process does not load for this).
+"""
+
+from __future__ import annotations
+
+import os
+
+from radixlm.default_model import default_model_path
+
+
+def is_gguf_file(path: str) -> bool:
+    """True for a file that starts with the GGUF magic bytes."""
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def resolve_model_dir(model_path: str | None) -> str:
+    """A Hugging Face folder for model_path: a folder as is; a GGUF file (None: the default
+    model) converted once into a cache folder (see gguf_convert.py), whose path is returned."""
+    path = os.path.expanduser(model_path) if model_path is not None else default_model_path()
+    if os.path.isdir(path):
+        return path
+    if is_gguf_file(path):
+        from radixlm.model_loader.gguf_convert import convert_gguf
+
+        return convert_gguf(path)
+    raise FileNotFoundError(f"model path {path!r} is neither a Hugging Face folder nor a GGUF file")
