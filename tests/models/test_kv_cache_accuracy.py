@@ -28,8 +28,8 @@ from _kernels import requires_kernels
 from test_accuracy_gate import agreement_and_kl
 
 from radixlm.layers.prepared_weight import prepare_model
-from radixlm.model_loader.model_path import resolve_model_dir
 from radixlm.model_loader.loader import load_model
+from radixlm.model_loader.model_path import resolve_model_dir
 
 pytestmark = requires_kernels()
 
