@@ -148,6 +148,100 @@ inline void exp_row(float* s, int64_t n, float m) {
   }
 }
 
+// attend_group_vec's decode task (one query per request) over a quantized pool when
+// a pass takes fewer score rows than the group has (AVX2: one row at a time): the
+// keys, then the values, are converted kTile rows at a time into a float tile that
+// stays in L1, which every row of the group then reads, instead of each row
+// converting every key and value again (a group of 4 rows made an int8 pool's
+// conversions 4x). Dot products and sums in attend_group_vec's order: the same bits.
+template <int64_t kD, typename kvT>
+void convert_tile(const KvRows<kvT>& kv, const int64_t* slots, int64_t j0, int64_t nj,
+                  int64_t seq_len, bool keys, float* tile) {
+  constexpr int64_t kN = kD / kBVec;
+  for (int64_t jj = 0; jj < nj; ++jj) {
+    const int64_t j = j0 + jj;
+    if (j + kPrefetchAhead < seq_len) {
+      const int64_t ahead = slots[j + kPrefetchAhead];
+      prefetch_row(keys ? kv.key(ahead) : kv.value(ahead), kv.row_elems);
+    }
+    bvec v[kN];
+    load_row<kD>(keys ? kv.key(slots[j]) : kv.value(slots[j]), v);
+    for (int64_t n = 0; n < kN; ++n) storeb(tile + jj * kD + n * kBVec, v[n]);
+  }
+}
+
+template <int64_t kD, typename qT, typename kvT>
+void attend_decode_tiled(const qT* q, qT* out, const KvRows<kvT>& kv, const int64_t* slots,
+                         int64_t seq_len, int64_t kv_head, int64_t group, float scale,
+                         int64_t window, std::vector<float>& qf, std::vector<float>& scores) {
+  constexpr int64_t kN = kD / kBVec;
+  constexpr int64_t kTile = 4 * kBVec;  // keys a tile: 8 KB of floats at head dim 64 (AVX2)
+  const int64_t base = first_key(seq_len - 1, window);
+  const int64_t width = seq_len - base;
+  alignas(64) float tile[kTile * kD];
+  qf.assign(group * kD, 0.0f);
+  scores.assign(group * width, 0.0f);
+  for (int64_t g = 0; g < group; ++g) {
+    const qT* src = q + (kv_head * group + g) * kD;
+    for (int64_t d = 0; d < kD; ++d) qf[g * kD + d] = to_float(src[d]) * scale;
+  }
+  rotate_rows<kvT>(qf.data(), group, kD);  // into an int8 pool's basis
+  for (int64_t j0 = base; j0 < seq_len; j0 += kTile) {
+    const int64_t nt = std::min(kTile, seq_len - j0);
+    convert_tile<kD>(kv, slots, j0, nt, seq_len, true, tile);
+    for (int64_t g = 0; g < group; ++g) {
+      bvec qv[kN];
+      for (int64_t n = 0; n < kN; ++n) qv[n] = loadb(qf.data() + g * kD + n * kBVec);
+      for (int64_t b0 = 0; b0 < nt; b0 += kBVec) {
+        const int64_t nj = std::min(kBVec, nt - b0);
+        bvec partial[kBVec];
+        for (int64_t jj = 0; jj < kBVec; ++jj) {
+          const int64_t slot = bitrev(jj);
+          if (jj >= nj) {
+            partial[slot] = bvec{};
+            continue;
+          }
+          const float* k = tile + (b0 + jj) * kD;
+          bvec p = qv[0] * loadb(k);
+          for (int64_t n = 1; n < kN; ++n) p += qv[n] * loadb(k + n * kBVec);
+          partial[slot] = p;
+        }
+        float lanes[kBVec];
+        storeb(lanes, sum_lanes(partial));
+        std::memcpy(scores.data() + g * width + (j0 + b0 - base), lanes, nj * sizeof(float));
+      }
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {  // softmax over the row's keys (all visible)
+    float* s = scores.data() + g * width;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < width; ++j) m = std::max(m, s[j]);
+    exp_row(s, width, m);
+    const float inv = 1.0f / lane_sum(s, width);
+    for (int64_t j = 0; j < width; ++j) s[j] *= inv;
+  }
+  qf.assign(group * kD, 0.0f);  // now the value accumulators
+  for (int64_t j0 = base; j0 < seq_len; j0 += kTile) {
+    const int64_t nt = std::min(kTile, seq_len - j0);
+    convert_tile<kD>(kv, slots, j0, nt, seq_len, false, tile);
+    for (int64_t g = 0; g < group; ++g) {
+      bvec acc[kN];
+      for (int64_t n = 0; n < kN; ++n) acc[n] = loadb(qf.data() + g * kD + n * kBVec);
+      const float* p = scores.data() + g * width + (j0 - base);
+      for (int64_t jj = 0; jj < nt; ++jj) {
+        for (int64_t n = 0; n < kN; ++n) acc[n] += p[jj] * loadb(tile + jj * kD + n * kBVec);
+      }
+      for (int64_t n = 0; n < kN; ++n) storeb(qf.data() + g * kD + n * kBVec, acc[n]);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* a = qf.data() + g * kD;
+    rotate_rows<kvT>(a, 1, kD);  // out of an int8 pool's basis
+    qT* dst = out + (kv_head * group + g) * kD;
+    for (int64_t d = 0; d < kD; ++d) dst[d] = static_cast<qT>(a[d]);
+  }
+}
+
 // attend_group for head dims of whole vectors (64, 128): the same task, computed
 // kRows score rows at a time with the query rows, the running dot products and
 // the value accumulators in vector registers; scores of kBVec keys are summed
@@ -163,6 +257,12 @@ void attend_group_vec(const qT* q, int64_t q_row_stride, qT* out, const KvRows<k
   constexpr int64_t kN = kD / kBVec;
   constexpr int64_t kRows = kVectorRegisters >= 32 ? 4 : 1;
   const int64_t group = num_heads / num_kv_heads;
+  if constexpr (kQuantized<kvT>) {
+    if (q_len == 1 && group > kRows) {
+      return attend_decode_tiled<kD>(q, out, kv, slots, seq_len, kv_head, group, scale, window,
+                                     qf, scores);
+    }
+  }
   const int64_t rows = q_len * group;
   const int64_t padded = (rows + kRows - 1) / kRows * kRows;
   const int64_t prefix = seq_len - q_len;
