@@ -5,11 +5,15 @@
     .venv/bin/python scripts/profile_step.py --prefill 2000 [--chunk 512] ...
     .venv/bin/python scripts/profile_step.py --model-path DIR_OR_GGUF ...  (default: the default model)
 
-Each config is `precision:backend[:loop]` (precision fp32, bf16, bf16w = float32 over bf16 weights, int8 = W8A8 over
+    .venv/bin/python scripts/profile_step.py --model-path M --batch 1 --seq-len 8000 \
+        --configs bf16:cpu_paged bf16:cpu_paged:kv=int8      # KV dtypes side by side
+
+Each config is `precision:backend[:loop][:kv=DTYPE]` (precision fp32, bf16, bf16w = float32 over bf16 weights, int8 = W8A8 over
 float32 activations, int8bf16 = W8A8 over bfloat16, gguf = a GGUF file's block formats
 over float32 activations (gguf16: over bfloat16), q8_0 / q4_0 / q4_k = float weights
 quantized at load; `--model-path` another model than the default; `:loop` runs the decoder
-layers in the Python loop instead of the C++ layer stack, models/layer_stack.py).
+layers in the Python loop instead of the C++ layer stack, models/layer_stack.py;
+`:kv=int8` a pool in that --kv-cache-dtype, auto otherwise).
 The requests start with `--seq-len` tokens of random K/V in the pool, then decode
 `--steps` steps; the configs run in turn, `--rounds` times, so their ratios are
 measured side by side even on a busy machine. Several `--batch` sizes share one
@@ -35,6 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "model
 from _forward_harness import PoolRunner  # noqa: E402
 
 from radixlm.layers.prepared_weight import prepare_model  # noqa: E402
+from radixlm.mem_cache.kv_format import quantize_rows  # noqa: E402
 from radixlm.model_executor.calibration import smooth_for_int8  # noqa: E402
 from radixlm.model_loader.loader import load_model  # noqa: E402
 from radixlm.model_loader.model_path import resolve_model_dir  # noqa: E402
@@ -61,7 +66,9 @@ CATEGORIES = [
 
 def build(config: str, batch: int, seq_len: int, steps: int,
           model_path: str | None = None) -> tuple[PoolRunner, list[int]]:
-    precision, backend, *loop = config.split(":")
+    precision, backend, *rest = config.split(":")
+    kv_dtype = next((r.removeprefix("kv=") for r in rest if r.startswith("kv=")), "auto")
+    loop = [r for r in rest if not r.startswith("kv=")]
     dtype, quantization = PRECISIONS[precision]
     model_dir = resolve_model_dir(model_path)
     model, cfg = load_model(model_dir, dtype, "cpu", keep_quantized=quantization == "gguf")
@@ -71,13 +78,14 @@ def build(config: str, batch: int, seq_len: int, steps: int,
     model.model.use_layer_stack = loop != ["loop"]
     total = batch * (seq_len + steps + 2)
     runner = PoolRunner(model, cfg, num_slots=total, max_requests=batch,
-                        max_context=seq_len + steps + 2, dtype=dtype, backend=backend)
+                        max_context=seq_len + steps + 2, dtype=dtype, backend=backend,
+                        kv_cache_dtype=kv_dtype)
     rows = [runner.new_request() for _ in range(batch)]
     # NOTE: no prefill: random K/V stand in for a prompt (a decode step's cost does not
     # depend on the values), so building a config takes seconds, not minutes.
-    for k_buf, v_buf in zip(runner.kv.k_buffers, runner.kv.v_buffers):
-        k_buf.normal_()
-        v_buf.normal_()
+    fmt = runner.kv.kv_format
+    for buf in runner.kv.k_buffers + runner.kv.v_buffers:
+        buf.copy_(quantize_rows(torch.randn(*buf.shape[:2], fmt.head_dim, dtype=dtype), fmt))
     for row in rows:
         slots = runner.kv.alloc(seq_len)
         assert slots is not None

@@ -7,10 +7,13 @@
 // streams its keys once, scores every query row of the group against them, then
 // streams the values once (attention_decode_body.h). Longer extends (prefill
 // chunks): blocked flash attention, kQBlock query rows x kKBlock keys, online
-// softmax (attention_flash_body.h).
+// softmax (attention_flash_body.h). K/V rows in any of the pool's formats
+// (kv_format.h), converted in registers (attention_kv_body.h); a sliding window
+// bounds the keys each task reads.
 namespace {
 
 #include "vec_body.h"
+#include "attention_kv_body.h"
 #include "attention_decode_body.h"
 #include "attention_flash_body.h"
 
@@ -71,12 +74,14 @@ void paged_attention_typed(const PagedAttentionArgs& a) {
     const qT* q_req = q_ptr + starts[b] * q_row_stride;
     qT* out_req = out_ptr + starts[b] * num_heads * head_dim;
     const int64_t* slots = a.req_to_token + rows[b] * a.table_stride;
+    const KvRows<kvT> kv{k_ptr + task.h * a.row_width, v_ptr + task.h * a.row_width,
+                         a.num_kv_heads * a.row_width, a.row_width};
     if (task.nrows == 0) {
-      attend(q_req, q_row_stride, out_req, k_ptr, v_ptr, slots, lens[b], qlens[b], task.h,
-             num_heads, a.num_kv_heads, head_dim, a.scale, qf, scores, acc);
+      attend(q_req, q_row_stride, out_req, kv, slots, lens[b], qlens[b], task.h, num_heads,
+             a.num_kv_heads, head_dim, a.scale, a.window, qf, scores, acc);
     } else {
-      attend_rows(q_req, q_row_stride, out_req, k_ptr, v_ptr, slots, lens[b], qlens[b],
-                  task.row0, task.nrows, task.h, num_heads, a.num_kv_heads, a.scale, scratch);
+      attend_rows(q_req, q_row_stride, out_req, kv, slots, lens[b], qlens[b], task.row0,
+                  task.nrows, task.h, num_heads, a.num_kv_heads, a.scale, a.window, scratch);
     }
   });
 }
@@ -88,8 +93,14 @@ void paged_attention_kv(const PagedAttentionArgs& a) {
       return paged_attention_typed<qT, float>(a);
     case c10::ScalarType::BFloat16:
       return paged_attention_typed<qT, c10::BFloat16>(a);
-    default:  // Half (attention.cpp admits these three)
+    case c10::ScalarType::Half:
       return paged_attention_typed<qT, c10::Half>(a);
+    case c10::ScalarType::Char:
+      return paged_attention_typed<qT, int8_t>(a);
+    case c10::ScalarType::Float8_e4m3fn:
+      return paged_attention_typed<qT, KvE4m3>(a);
+    default:  // Float8_e5m2 (attention.cpp admits these six)
+      return paged_attention_typed<qT, KvE5m2>(a);
   }
 }
 

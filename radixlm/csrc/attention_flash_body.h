@@ -11,7 +11,11 @@
 // vectorize over keys without a horizontal sum) and V as it is ([kKBlock][D]),
 // and then serves every score row of the task. The softmax is online (running
 // max and sum per row, the accumulator rescaled when the max grows), so scratch
-// does not grow with the sequence; blocks past a row's position are skipped.
+// does not grow with the sequence; blocks past a row's position are skipped, and
+// under a sliding window the keys before the task's first row's window are never
+// read (each row masks its own window's start within a block). Quantized rows are
+// converted as the block is (an int8 pool's in its rotated basis: the query rows
+// are rotated into it first, the output rows back).
 constexpr int64_t kRowwiseMaxRows = 16;  // extends up to this use attend_group
 constexpr int64_t kQBlock = 64;
 constexpr int64_t kKBlock = 64;
@@ -22,15 +26,16 @@ struct BlockScratch {
 };
 
 
-// max(x[0 .. n)) for n <= kKBlock, -inf for n = 0: lane-wise over the block, where
-// a loop of std::max stays a chain of scalar compares (12% of a prefill's time).
-inline float block_row_max(const float* x, int64_t n) {
+// max(x[from .. to)) for to <= kKBlock, -inf for an empty range: lane-wise over the
+// block, where a loop of std::max stays a chain of scalar compares (12% of a
+// prefill's time).
+inline float block_row_max(const float* x, int64_t from, int64_t to) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   float partial[kLanes];
   for (int64_t l = 0; l < kLanes; ++l) partial[l] = kNegInf;
   for (int64_t j0 = 0; j0 < kKBlock; j0 += kLanes) {
     for (int64_t l = 0; l < kLanes; ++l) {
-      const float v = j0 + l < n ? x[j0 + l] : kNegInf;
+      const float v = j0 + l < to && j0 + l >= from ? x[j0 + l] : kNegInf;
       partial[l] = partial[l] < v ? v : partial[l];
     }
   }
@@ -62,11 +67,11 @@ inline void block_scores(const float* qf, const float* kt, float (*out)[kKBlock]
   }
 }
 
-// acc_i <- acc_i * correction_i + sum_j p_i[j] v_j for rows i < kRows (p zero past
-// `visible`), vb the block's values ([kKBlock][kD]); dims kN vectors at a time.
+// acc_i <- acc_i * correction_i + sum_j p_i[j] v_j for rows i < kRows (p zero outside
+// keys from .. to), vb the block's values ([kKBlock][kD]); dims kN vectors at a time.
 template <int64_t kD, int64_t kRows>
 inline void block_values(float* acc, const float (*p)[kKBlock], const float* correction,
-                         const float* vb, int64_t visible) {
+                         const float* vb, int64_t from, int64_t to) {
   constexpr int64_t kN = std::min(kD / kBVec, kBlockVecs);
   for (int64_t d0 = 0; d0 < kD; d0 += kN * kBVec) {
     bvec a[kRows][kN];
@@ -75,7 +80,7 @@ inline void block_values(float* acc, const float (*p)[kKBlock], const float* cor
         a[i][n] = loadb(acc + i * kD + d0 + n * kBVec) * correction[i];
       }
     }
-    for (int64_t j = 0; j < visible; ++j) {
+    for (int64_t j = from; j < to; ++j) {
       bvec vj[kN];
       for (int64_t n = 0; n < kN; ++n) vj[n] = loadb(vb + j * kD + d0 + n * kBVec);
       for (int64_t i = 0; i < kRows; ++i) {
@@ -107,26 +112,45 @@ inline uint32_t bf16_pair(const c10::BFloat16* p) {
   return w;
 }
 
-template <int64_t kD>
-inline void pack_block_bf16(const c10::BFloat16* k_buf, const c10::BFloat16* v_buf,
-                            const int64_t* slots, int64_t nk, int64_t kv_stride, int64_t head,
+// The bf16 bits of a row's values (rows of another format converted and rounded to
+// nearest even).
+template <int64_t kD, typename kvT>
+inline void row_bf16_bits(const kvT* row, uint16_t (&bits)[kD]) {
+  if constexpr (std::is_same_v<kvT, c10::BFloat16>) {
+    std::memcpy(bits, row, sizeof(bits));
+  } else {
+    float tmp[kD];
+    row_to_float(row, kD, tmp);
+    for (int64_t d = 0; d < kD; ++d) bits[d] = c10::BFloat16(tmp[d]).x;
+  }
+}
+
+template <int64_t kD, typename kvT>
+inline void pack_block_bf16(const KvRows<kvT>& kv, const int64_t* slots, int64_t nk,
                             uint32_t* k2, uint32_t* v2) {
+  uint16_t row[kD];
   for (int64_t j = 0; j < kKBlock; ++j) {
-    const c10::BFloat16* key = k_buf + slots[std::min(j, nk - 1)] * kv_stride + head * kD;
-    for (int64_t p = 0; p < kD / 2; ++p) k2[p * kKBlock + j] = j < nk ? bf16_pair(key + 2 * p) : 0;
+    if (j < nk) {
+      row_bf16_bits<kD>(kv.key(slots[j]), row);
+    } else {
+      std::memset(row, 0, sizeof(row));
+    }
+    for (int64_t p = 0; p < kD / 2; ++p) {
+      k2[p * kKBlock + j] = uint32_t(row[2 * p]) | uint32_t(row[2 * p + 1]) << 16;
+    }
   }
   uint16_t even[kD], odd[kD];
   for (int64_t j = 0; j < kKBlock; j += 2) {
     for (int64_t t = 0; t < 2; ++t) {
-      uint16_t* dst = t == 0 ? even : odd;
+      uint16_t(&dst)[kD] = t == 0 ? even : odd;
       if (j + t < nk) {
-        std::memcpy(dst, v_buf + slots[j + t] * kv_stride + head * kD, sizeof(even));
+        row_bf16_bits<kD>(kv.value(slots[j + t]), dst);
       } else {
-        std::memset(dst, 0, sizeof(even));
+        std::memset(dst, 0, sizeof(dst));
       }
     }
-    uint32_t* row = v2 + (j / 2) * kD;
-    for (int64_t d = 0; d < kD; ++d) row[d] = uint32_t(even[d]) | uint32_t(odd[d]) << 16;
+    uint32_t* out = v2 + (j / 2) * kD;
+    for (int64_t d = 0; d < kD; ++d) out[d] = uint32_t(even[d]) | uint32_t(odd[d]) << 16;
   }
 }
 
@@ -147,20 +171,22 @@ inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Lanes 16 n .. 16 n + 15 of a block row that sees `visible` keys.
-inline __mmask16 visible_lanes(int64_t visible, int64_t n) {
-  const int64_t k = std::clamp<int64_t>(visible - n * kVec, 0, kVec);
-  return static_cast<__mmask16>((1u << k) - 1u);
+// Lanes 16 n .. 16 n + 15 of a block row that sees keys from .. to of the block.
+inline __mmask16 visible_lanes(int64_t from, int64_t to, int64_t n) {
+  const int64_t hi = std::clamp<int64_t>(to - n * kVec, 0, kVec);
+  const int64_t lo = std::clamp<int64_t>(from - n * kVec, 0, kVec);
+  return static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
 }
 
 // One key block for kRows score rows, in registers from the scores to the values:
 // s = scale * q . k (q2: [kRows][kD / 2] pairs), the online softmax update of m
-// and l, p rounded to bf16 pairs, acc <- acc * correction + p V. Rows that see
-// none of the block keep their state.
+// and l, p rounded to bf16 pairs, acc <- acc * correction + p V. Row i sees keys
+// from[i] .. to[i] of the block, all rows together least .. most; rows that see none
+// of the block keep their state.
 template <int64_t kD, int64_t kRows>
 inline void block_attend_bf16(const uint32_t* q2, const uint32_t* k2, const uint32_t* v2,
-                              float scale, const int64_t* visible, int64_t most, float* m,
-                              float* l, float* acc) {
+                              float scale, const int64_t* from, const int64_t* to, int64_t least,
+                              int64_t most, float* m, float* l, float* acc) {
   constexpr int64_t kN = kKBlock / kVec;
   __m512 sc[kRows][kN];
   for (int64_t i = 0; i < kRows; ++i) {
@@ -178,14 +204,14 @@ inline void block_attend_bf16(const uint32_t* q2, const uint32_t* k2, const uint
   alignas(64) uint32_t p2[kRows][kKBlock / 2];
   float correction[kRows];
   for (int64_t i = 0; i < kRows; ++i) {
-    if (visible[i] == 0) {
+    if (to[i] <= from[i]) {
       correction[i] = 1.0f;
       std::memset(p2[i], 0, sizeof(p2[i]));
       continue;
     }
     __m512 mx = neg_inf;
     for (int64_t n = 0; n < kN; ++n) {
-      sc[i][n] = _mm512_mask_mul_ps(neg_inf, visible_lanes(visible[i], n), sc[i][n],
+      sc[i][n] = _mm512_mask_mul_ps(neg_inf, visible_lanes(from[i], to[i], n), sc[i][n],
                                     _mm512_set1_ps(scale));
       mx = _mm512_max_ps(mx, sc[i][n]);
     }
@@ -193,7 +219,7 @@ inline void block_attend_bf16(const uint32_t* q2, const uint32_t* k2, const uint
     correction[i] = std::exp(m[i] - new_max);  // 0 on the row's first block (m = -inf)
     __m512 sum = _mm512_setzero_ps();
     for (int64_t n = 0; n < kN; ++n) {
-      sc[i][n] = _mm512_maskz_mov_ps(visible_lanes(visible[i], n),
+      sc[i][n] = _mm512_maskz_mov_ps(visible_lanes(from[i], to[i], n),
                                      exp512(_mm512_sub_ps(sc[i][n], _mm512_set1_ps(new_max))));
       sum = _mm512_add_ps(sum, sc[i][n]);
     }
@@ -210,7 +236,7 @@ inline void block_attend_bf16(const uint32_t* q2, const uint32_t* k2, const uint
     const __m512 c = _mm512_set1_ps(correction[i]);
     for (int64_t n = 0; n < kM; ++n) a[i][n] = _mm512_mul_ps(_mm512_loadu_ps(acc + i * kD + n * kVec), c);
   }
-  for (int64_t jp = 0; jp < (most + 1) / 2; ++jp) {
+  for (int64_t jp = least / 2; jp < (most + 1) / 2; ++jp) {
     __m512bh vv[kM];
     for (int64_t n = 0; n < kM; ++n) vv[n] = as_bh(_mm512_loadu_si512(v2 + jp * kD + n * kVec));
     for (int64_t i = 0; i < kRows; ++i) {
@@ -225,23 +251,23 @@ inline void block_attend_bf16(const uint32_t* q2, const uint32_t* k2, const uint
 #else
 constexpr bool kHasBf16Dot = false;
 // Declared only, so that attend_block's discarded bf16 branch names something.
-template <int64_t kD>
-void pack_block_bf16(const c10::BFloat16*, const c10::BFloat16*, const int64_t*, int64_t, int64_t,
-                     int64_t, uint32_t*, uint32_t*);
+template <int64_t kD, typename kvT>
+void pack_block_bf16(const KvRows<kvT>&, const int64_t*, int64_t, uint32_t*, uint32_t*);
 template <int64_t kD, int64_t kRows>
 void block_attend_bf16(const uint32_t*, const uint32_t*, const uint32_t*, float, const int64_t*,
-                       int64_t, float*, float*, float*);
+                       const int64_t*, int64_t, int64_t, float*, float*, float*);
 #endif
 
 template <int64_t kD, typename qT, typename kvT>
-void attend_block(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf, const kvT* v_buf,
+void attend_block(const qT* q, int64_t q_row_stride, qT* out, const KvRows<kvT>& kv,
                   const int64_t* slots, int64_t seq_len, int64_t q_len, int64_t row0,
                   int64_t nrows, int64_t kv_head, int64_t num_heads, int64_t num_kv_heads,
-                  float scale, BlockScratch& s) {
+                  float scale, int64_t window, BlockScratch& s) {
   static_assert(kD % kVec == 0, "the blocked kernel needs a head dim of whole vectors");
-  // bf16 queries and K/V on a CPU with bf16 dot products: the pairs path.
+  // bf16 queries and K/V (bf16, or quantized and converted to bf16 as a block is
+  // packed) on a CPU with bf16 dot products: the pairs path.
   constexpr bool kPairs = kHasBf16Dot && std::is_same_v<qT, c10::BFloat16> &&
-                          std::is_same_v<kvT, c10::BFloat16>;
+                          (std::is_same_v<kvT, c10::BFloat16> || kQuantized<kvT>);
   // Score rows at a time: as many as keep the accumulators in registers. AVX-512
   // (32 registers) at head dim 64: 6 rows x 4 vectors of scores or values and 4 of
   // the key or value block's (bf16 pairs: 4 rows). AVX2 (16 registers of 8 floats,
@@ -252,8 +278,8 @@ void attend_block(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf, 
   const int64_t group = num_heads / num_kv_heads;
   const int64_t rows = nrows * group;  // score rows: (query row i, head g) at i * group + g
   const int64_t first_pos = seq_len - q_len + row0;  // position of query row row0
-  const int64_t num_keys = first_pos + nrows;  // keys any row of the task sees
-  const int64_t kv_stride = num_kv_heads * kD;
+  const int64_t num_keys = first_pos + nrows;  // keys any row of the task sees end here
+  const int64_t key0 = first_key(first_pos, window);  // and start here
   const int64_t padded = (rows + kPair - 1) / kPair * kPair;
   s.acc.assign(padded * kD, 0.0f);
   s.m.assign(padded, -std::numeric_limits<float>::infinity());
@@ -271,28 +297,35 @@ void attend_block(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf, 
     for (int64_t g = 0; g < group; ++g) {
       const qT* src = q + (row0 + i) * q_row_stride + (kv_head * group + g) * kD;
       const int64_t r = i * group + g;
-      if constexpr (kPairs) {
+      if constexpr (kPairs && kRotated<kvT>) {  // rotated, then rounded to bf16 again
+        float rotated[kD];
+        for (int64_t d = 0; d < kD; ++d) rotated[d] = to_float(src[d]);
+        rotate_rows<kvT>(rotated, 1, kD);
+        auto* dst = reinterpret_cast<uint16_t*>(s.q2.data() + r * kD / 2);
+        for (int64_t d = 0; d < kD; ++d) dst[d] = c10::BFloat16(rotated[d]).x;
+      } else if constexpr (kPairs) {
         std::memcpy(s.q2.data() + r * kD / 2, src, kD * sizeof(qT));
       } else {
         for (int64_t d = 0; d < kD; ++d) s.qf[r * kD + d] = to_float(src[d]) * scale;
       }
     }
   }
+  if constexpr (!kPairs) rotate_rows<kvT>(s.qf.data(), rows, kD);  // into an int8 pool's basis
   float* kt = s.kt.data();
   float* vb = s.vb.data();
   float score[kPair][kKBlock];
   float correction[kPair];
-  for (int64_t kb = 0; kb < num_keys; kb += kKBlock) {
+  for (int64_t kb = key0; kb < num_keys; kb += kKBlock) {
     const int64_t nk = std::min(kKBlock, num_keys - kb);
     if constexpr (kPairs) {
-      pack_block_bf16<kD>(k_buf, v_buf, slots + kb, nk, kv_stride, kv_head, s.k2.data(),
-                          s.v2.data());
+      pack_block_bf16<kD>(kv, slots + kb, nk, s.k2.data(), s.v2.data());
     } else {
+      float key[kD], value[kD];
       for (int64_t j = 0; j < nk; ++j) {
-        const kvT* key = k_buf + slots[kb + j] * kv_stride + kv_head * kD;
-        const kvT* value = v_buf + slots[kb + j] * kv_stride + kv_head * kD;
-        for (int64_t d = 0; d < kD; ++d) kt[d * kKBlock + j] = to_float(key[d]);
-        for (int64_t d = 0; d < kD; ++d) vb[j * kD + d] = to_float(value[d]);
+        row_to_float(kv.key(slots[kb + j]), kD, key);
+        row_to_float(kv.value(slots[kb + j]), kD, value);
+        for (int64_t d = 0; d < kD; ++d) kt[d * kKBlock + j] = key[d];
+        std::memcpy(vb + j * kD, value, sizeof(value));
       }
       for (int64_t j = nk; j < kKBlock; ++j) {
         for (int64_t d = 0; d < kD; ++d) kt[d * kKBlock + j] = 0.0f;
@@ -301,47 +334,56 @@ void attend_block(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf, 
     }
     // The next block's rows, scattered in the pool, arrive while this one is used.
     for (int64_t j = kb + kKBlock; j < std::min(num_keys, kb + 2 * kKBlock); ++j) {
-      prefetch_row(k_buf + slots[j] * kv_stride + kv_head * kD, kD);
-      prefetch_row(v_buf + slots[j] * kv_stride + kv_head * kD, kD);
+      prefetch_row(kv.key(slots[j]), kv.row_elems);
+      prefetch_row(kv.value(slots[j]), kv.row_elems);
     }
     for (int64_t r = 0; r < padded; r += kPair) {
-      // Keys of the block row r + i sees (rows past `rows` are padding: none).
-      int64_t visible[kPair], most = 0;
+      // Keys from[i] .. to[i] of the block row r + i sees (rows past `rows` are
+      // padding: none); least .. most: those any of them sees.
+      int64_t from[kPair], to[kPair], least = kKBlock, most = 0;
       for (int64_t i = 0; i < kPair; ++i) {
-        visible[i] = r + i < rows
-                         ? std::max<int64_t>(std::min(nk, first_pos + (r + i) / group + 1 - kb), 0)
-                         : 0;
-        most = std::max(most, visible[i]);
+        from[i] = to[i] = 0;
+        if (r + i >= rows) continue;
+        const int64_t pos = first_pos + (r + i) / group;
+        to[i] = std::clamp<int64_t>(pos + 1 - kb, 0, nk);
+        from[i] = std::clamp<int64_t>(first_key(pos, window) - kb, 0, to[i]);
+        if (from[i] < to[i]) {
+          least = std::min(least, from[i]);
+          most = std::max(most, to[i]);
+        }
       }
-      if (most == 0) continue;  // the whole block lies after these rows
+      if (most == 0) continue;  // the block lies outside these rows' keys
       if constexpr (kPairs) {
         block_attend_bf16<kD, kPair>(s.q2.data() + r * kD / 2, s.k2.data(), s.v2.data(), scale,
-                                     visible, most, s.m.data() + r, s.l.data() + r,
+                                     from, to, least, most, s.m.data() + r, s.l.data() + r,
                                      s.acc.data() + r * kD);
         continue;
       }
       block_scores<kD, kPair>(s.qf.data() + r * kD, kt, score);
       for (int64_t i = 0; i < kPair; ++i) {
         float* sc = score[i];
-        const int64_t vis = visible[i];
-        float mx = s.m[r + i];
-        mx = std::max(mx, block_row_max(sc, vis));
-        if (vis == 0) {  // nothing new for this row: keep its state
+        if (to[i] <= from[i]) {  // nothing new for this row: keep its state
           correction[i] = 1.0f;
           for (int64_t j = 0; j < kKBlock; ++j) sc[j] = 0.0f;
           continue;
         }
+        const float mx = std::max(s.m[r + i], block_row_max(sc, from[i], to[i]));
         correction[i] = exp_of(s.m[r + i] - mx);  // 0 on the row's first block (m = -inf)
         for (int64_t j0 = 0; j0 < kKBlock; j0 += kBVec) {
           const bvec e = exp_of(loadb(sc + j0) - mx);
-          storeb(sc + j0, lane_index() < static_cast<int32_t>(vis - j0) ? e : bvec{});
+          const bvec_i lane = lane_index();
+          storeb(sc + j0, (lane < static_cast<int32_t>(to[i] - j0)) &
+                                  (lane >= static_cast<int32_t>(from[i] - j0))
+                              ? e
+                              : bvec{});
         }
         s.l[r + i] = s.l[r + i] * correction[i] + lane_sum(sc, kKBlock);
         s.m[r + i] = mx;
       }
-      block_values<kD, kPair>(s.acc.data() + r * kD, score, correction, vb, most);
+      block_values<kD, kPair>(s.acc.data() + r * kD, score, correction, vb, least, most);
     }
   }
+  rotate_rows<kvT>(s.acc.data(), rows, kD);  // out of an int8 pool's basis
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = r / group, g = r % group;
     qT* dst = out + ((row0 + i) * num_heads + kv_head * group + g) * kD;
@@ -350,4 +392,3 @@ void attend_block(const qT* q, int64_t q_row_stride, qT* out, const kvT* k_buf, 
     for (int64_t d = 0; d < kD; ++d) dst[d] = static_cast<qT>(a[d] * inv);
   }
 }
-

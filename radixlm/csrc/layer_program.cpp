@@ -22,16 +22,12 @@
 #include <torch/library.h>
 
 #include "layer_ops.h"
+#include "ops.h"  // paged_attention, kv_store
 #include "prepared_linear.h"
 
 #include <tuple>
 #include <vector>
 
-// attention.cpp
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
-                           const at::Tensor& req_to_token, const at::Tensor& req_rows,
-                           const at::Tensor& seq_lens, const at::Tensor& q_starts,
-                           const at::Tensor& q_lens, double scale);
 
 namespace {
 
@@ -47,7 +43,7 @@ enum Opcode : int64_t {
   kHeads = 4,      // out0 = in0[:, p0 : p0 + p1] of [T, n, D]
   kRope = 5,       // out0 = rotate(in0; ropes[2 p0], ropes[2 p0 + 1])
   kAttention = 6,  // out0 = attention(in0, in1, in2; layer p0, scale floats[p1],
-                   // window p2 (-1: none), softcap floats[p3] (p3 -1: none))
+                   // window p2 (-1: none), softcap floats[p3] (p3 -1: none; refused))
   kGatedAct = 7,   // out0 = gated_act(in0; activation p0)
   kMoe = 8,        // out0 = moe(in0; router tensors[p0], experts' gate_up tensors[p1 ..
                    // p1 + p2), down [p1 + p2 .. p1 + 2 p2), top_k p3, norm_topk_prob p4,
@@ -70,17 +66,17 @@ struct AttnStep {
 };
 
 // CpuPagedAttnBackend.forward for a step whose rows are all in the kernel: K and V
-// into the pool, then paged attention; [T, H * D].
+// into the pool (quantized where the pool is: --kv-cache-dtype int8/fp8, which the
+// paged kernel reads as stored), then paged attention under the layer's sliding
+// window (window < 0: none); [T, H * D].
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      at::Tensor k_buf, at::Tensor v_buf, const AttnStep& step, double scale,
                      int64_t window, bool softcap) {
-  TORCH_CHECK(window < 0 && !softcap,
-              "layer_program: the paged attention kernel has no sliding window or softcap");
-  k_buf.index_copy_(0, step.out_cache_loc, k);
-  v_buf.index_copy_(0, step.out_cache_loc, v);
+  TORCH_CHECK(!softcap, "layer_program: the paged attention kernel has no logit softcap");
+  kv_store(k_buf, v_buf, step.out_cache_loc, k, v);  // TokenToKVPool.set_kv_buffer's store
   RECORD_FUNCTION("radixlm::paged_attention", std::vector<c10::IValue>());
   return paged_attention(q, k_buf, v_buf, step.req_to_token, step.req_rows, step.seq_lens,
-                         step.q_starts, step.q_lens, scale)
+                         step.q_starts, step.q_lens, scale, window < 0 ? 0 : window)  // (0: none)
       .view({q.size(0), -1});
 }
 

@@ -9,7 +9,9 @@
 TORCH_LIBRARY(radixlm, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, "
-      "Tensor req_rows, Tensor seq_lens, Tensor q_starts, Tensor q_lens, float scale) -> Tensor");
+      "Tensor req_rows, Tensor seq_lens, Tensor q_starts, Tensor q_lens, float scale, "
+      "int window=0) -> Tensor");
+  m.def("kv_store(Tensor(a!) k_buf, Tensor(b!) v_buf, Tensor loc, Tensor k, Tensor v) -> ()");
   m.def("quantize_per_token(Tensor x) -> (Tensor, Tensor)");
   m.def("int8_linear(Tensor x, Tensor w_t, Tensor w_scales, Tensor? bias) -> Tensor");
   m.def("silu_and_mul(Tensor x) -> Tensor");
@@ -24,7 +26,12 @@ TORCH_LIBRARY(radixlm, m) {
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
-  m.impl("paged_attention", &paged_attention);
+  m.impl("paged_attention",
+         static_cast<at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                    const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                    const at::Tensor&, const at::Tensor&, double, int64_t)>(
+             &paged_attention));
+  m.impl("kv_store", &kv_store);
   m.impl("quantize_per_token", &quantize_per_token_op);
   m.impl("int8_linear", &int8_linear);
   m.impl("silu_and_mul", &silu_and_mul);

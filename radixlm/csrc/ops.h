@@ -1,4 +1,4 @@
-// The kernels' torch-facing entry points (one file each: attention.cpp,
+// The kernels' torch-facing entry points (one file each: attention.cpp, kv_store.cpp,
 // elementwise.cpp, int8_linear.cpp, small_batch_linear.cpp, bf16_gemm.cpp,
 // bf16w_gemm.cpp), which ops.cpp registers as torch.ops.radixlm.*.
 #pragma once
@@ -9,11 +9,19 @@
 #include <tuple>
 #include <vector>
 
-// attention.cpp
+// attention.cpp (window: 0 for none; the overload without it has none)
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                           const at::Tensor& req_to_token, const at::Tensor& req_rows,
+                           const at::Tensor& seq_lens, const at::Tensor& q_starts,
+                           const at::Tensor& q_lens, double scale, int64_t window);
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                            const at::Tensor& req_to_token, const at::Tensor& req_rows,
                            const at::Tensor& seq_lens, const at::Tensor& q_starts,
                            const at::Tensor& q_lens, double scale);
+
+// kv_store.cpp: K and V into the pool at slots loc, quantized where the pool is
+void kv_store(at::Tensor k_buf, at::Tensor v_buf, const at::Tensor& loc, const at::Tensor& k,
+              const at::Tensor& v);
 
 // elementwise.cpp
 at::Tensor silu_and_mul(const at::Tensor& x);

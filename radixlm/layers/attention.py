@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.layers.attention_masked import MaskedPlans, masked_attention
+from radixlm.mem_cache.kv_format import gather_rows
 from radixlm.utils import resolve_lazy
 
 if TYPE_CHECKING:
@@ -197,9 +198,9 @@ def extend_attention(
 ) -> torch.Tensor:
     """One request's new tokens over its prefix and, causally, themselves → [n, H, D].
 
-    q [T, H, D], k and v [T, Hkv, D] (this step's, rows ext.start:ext.end);
-    k_buf, v_buf [slots, Hkv, D] (the pool, read for the prefix only); scale: the
-    softmax scale (None: head_dim ** -0.5).
+    q [T, H, D], k and v [T, Hkv, D] (this step's, rows ext.start:ext.end, as the pool
+    reads them back: `stored_kv`); k_buf, v_buf [slots, Hkv, row] (the pool as stored,
+    read for the prefix only); scale: the softmax scale (None: head_dim ** -0.5).
     """
     q_req = q[ext.start : ext.end].transpose(0, 1)  # [H, n, D]
     keys = k[ext.start : ext.end].to(q.dtype).transpose(0, 1)  # [Hkv, n, D]
@@ -209,8 +210,8 @@ def extend_attention(
             q_req, keys, values, is_causal=True, scale=scale, enable_gqa=True
         )  # [H, n, D]
         return out.transpose(0, 1)
-    prefix_k = k_buf.index_select(0, ext.prefix_index).to(q.dtype).transpose(0, 1)
-    prefix_v = v_buf.index_select(0, ext.prefix_index).to(q.dtype).transpose(0, 1)
+    prefix_k = gather_rows(k_buf, ext.prefix_index, q.dtype, q.shape[-1]).transpose(0, 1)
+    prefix_v = gather_rows(v_buf, ext.prefix_index, q.dtype, q.shape[-1]).transpose(0, 1)
     # prefix_k, prefix_v: [Hkv, prefix, D]
     if ext.mask is not None:
         out = F.scaled_dot_product_attention(
@@ -231,6 +232,23 @@ def extend_attention(
     w_n = torch.exp(lse_n - lse).unsqueeze(-1)
     out = out_p.float() * w_p + out_n.float() * w_n  # [1, H, n, D]
     return out[0].to(q.dtype).transpose(0, 1)
+
+
+def stored_kv(
+    fb: ForwardBatch, layer_id: int, k: torch.Tensor, v: torch.Tensor, read_back: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Write this step's k, v [T, Hkv, D] into the pool; → (k, v as attention reads them
+    back from the pool, the layer's K and V buffers [slots, Hkv, row] as stored). In a
+    quantized pool (--kv-cache-dtype) the new tokens attend over their quantized K/V, as
+    every later step and the C++ kernels see them (read_back=False: k, v as given, for a
+    caller that reads only the pool)."""
+    pool = fb.token_to_kv_pool
+    pool.set_kv_buffer(layer_id, fb.out_cache_loc, k, v)
+    k_buf, v_buf = pool.get_kv_buffer(layer_id)
+    if pool.kv_format.quantized and read_back:
+        k = gather_rows(k_buf, fb.out_cache_loc, k.dtype, k.shape[-1])
+        v = gather_rows(v_buf, fb.out_cache_loc, v.dtype, v.shape[-1])
+    return k, v, k_buf, v_buf
 
 
 @dataclass
@@ -290,9 +308,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         options: AttnOptions = PLAIN_ATTENTION,
     ) -> torch.Tensor:
         md: TorchNativeMetadata = forward_batch.attn_metadata
-        pool = forward_batch.token_to_kv_pool
-        pool.set_kv_buffer(layer_id, forward_batch.out_cache_loc, k, v)
-        k_buf, v_buf = pool.get_kv_buffer(layer_id)  # each [slots, Hkv, D]
+        k, v, k_buf, v_buf = stored_kv(forward_batch, layer_id, k, v)
         num_tokens, num_heads, head_dim = q.shape
         scale = options.scale_for(head_dim)
         if options.needs_mask:
@@ -321,12 +337,11 @@ class TorchNativeAttnBackend(AttentionBackend):
         scale: float | None = None,
     ) -> torch.Tensor:
         """q [Bd, H, D] → [Bd, H, D]: one new token per request over its whole sequence."""
-        shape = (q.shape[0], group.max_len, k_buf.shape[1], k_buf.shape[2])
-        # NOTE: index_select, not k_buf[index]: an order of magnitude faster on the CPU.
-        keys = k_buf.index_select(0, group.kv_index).view(shape)  # [Bd, L, Hkv, D]
-        values = v_buf.index_select(0, group.kv_index).view(shape)  # [Bd, L, Hkv, D]
-        keys = keys.to(q.dtype).transpose(1, 2)  # [Bd, Hkv, L, D]
-        values = values.to(q.dtype).transpose(1, 2)  # [Bd, Hkv, L, D]
+        shape = (q.shape[0], group.max_len, k_buf.shape[1], q.shape[2])
+        keys = gather_rows(k_buf, group.kv_index, q.dtype, q.shape[-1]).view(shape)  # [Bd, L, Hkv, D]
+        values = gather_rows(v_buf, group.kv_index, q.dtype, q.shape[-1]).view(shape)  # [Bd, L, Hkv, D]
+        keys = keys.transpose(1, 2)  # [Bd, Hkv, L, D]
+        values = values.transpose(1, 2)  # [Bd, Hkv, L, D]
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2), keys, values, attn_mask=group.mask, scale=scale, enable_gqa=True
         )  # [Bd, H, 1, D]

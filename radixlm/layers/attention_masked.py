@@ -3,9 +3,10 @@
 A layer's `AttnOptions` (attention.py) may name a sliding window W (a query at
 position p sees the keys at positions p - W < j <= p, as transformers'
 `sliding_window_overlay` defines it) and a softcap c (scores become
-c * tanh(scores / c) before the mask, as Gemma's attention does). Both
-backends send such layers here: the torch-native one has no other way, and the
-C++ paged kernel has neither feature yet (cpu_attention.py).
+c * tanh(scores / c) before the mask, as Gemma's attention does). The
+torch-native backend sends such layers here; the C++ paged kernel computes
+windows itself and sends only softcapped layers (and, under a window, steps with
+extends too long for its head dim) here (cpu_attention.py).
 
 The keys are read from the pool, this step's included (a backend writes them
 before it attends), only where a window can still see them: a decode reads
@@ -27,6 +28,8 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+from radixlm.mem_cache.kv_format import gather_rows
 
 if TYPE_CHECKING:
     from radixlm.model_executor.forward_batch import ForwardBatch
@@ -140,21 +143,23 @@ def masked_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                      plan: MaskedPlan, scale: float, softcap: float | None) -> torch.Tensor:
     """Every row of the batch under `plan`: q [T, H, D] → [T, H, D].
 
-    k_buf, v_buf [slots, Hkv, D]: the pool, with this step's keys already written."""
+    k_buf, v_buf [slots, Hkv, row]: the pool as stored (kv_format.py), with this step's
+    keys already written."""
     out = q.new_empty(q.shape)  # [T, H, D]
+    head_dim = q.shape[-1]
     if plan.decode is not None:
         dec = plan.decode
         q_dec = q.index_select(0, dec.rows)  # [Bd, H, D]
-        shape = (q_dec.shape[0], dec.max_len, k_buf.shape[1], k_buf.shape[2])
-        keys = k_buf.index_select(0, dec.kv_index).view(shape).to(q.dtype).transpose(1, 2)
-        values = v_buf.index_select(0, dec.kv_index).view(shape).to(q.dtype).transpose(1, 2)
+        shape = (q_dec.shape[0], dec.max_len, k_buf.shape[1], head_dim)
+        keys = gather_rows(k_buf, dec.kv_index, q.dtype, head_dim).view(shape).transpose(1, 2)
+        values = gather_rows(v_buf, dec.kv_index, q.dtype, head_dim).view(shape).transpose(1, 2)
         # keys, values: [Bd, Hkv, L, D]
         res = attend(q_dec.unsqueeze(2), keys, values, dec.mask, scale, softcap)  # [Bd, H, 1, D]
         out.index_copy_(0, dec.rows, res.squeeze(2))
     for ext in plan.extends:
         q_req = q[ext.start : ext.end].transpose(0, 1)[None]  # [1, H, n, D]
-        keys = k_buf.index_select(0, ext.kv_index).to(q.dtype).transpose(0, 1)[None]
-        values = v_buf.index_select(0, ext.kv_index).to(q.dtype).transpose(0, 1)[None]
+        keys = gather_rows(k_buf, ext.kv_index, q.dtype, head_dim).transpose(0, 1)[None]
+        values = gather_rows(v_buf, ext.kv_index, q.dtype, head_dim).transpose(0, 1)[None]
         # keys, values: [1, Hkv, L, D]
         res = attend(q_req, keys, values, ext.mask[None, None], scale, softcap)  # [1, H, n, D]
         out[ext.start : ext.end] = res[0].transpose(0, 1)

@@ -16,10 +16,11 @@ grouped KV heads falls back to its math kernel. Head dims other than 64 and
 Exact against `TorchNativeAttnBackend` up to float summation order. Used by
 default on the CPU when the kernels build (`--attention-backend auto`).
 
-The kernel takes a layer's softmax scale, but has no sliding window and no
-logit softcap yet: layers that ask for either run through the torch-native
-masked path (attention_masked.py), exactly, and the backend says so at
-start-up, naming the layers.
+The kernel takes a layer's softmax scale and sliding window (it never reads keys
+outside a row's window). It has no logit softcap: softcapped layers run through
+the torch-native masked path (attention_masked.py), exactly, and the backend says
+so at start-up, naming the layers; so do windowed layers in a step with extends
+longer than the kernel takes at their head dim (not 64 or 128).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from radixlm.layers.attention import (
     extend_attention,
     extend_request,
     masked_layers,
+    stored_kv,
 )
 from radixlm.layers.attention_masked import MaskedPlans, masked_attention
 from radixlm.layers.cpu_kernels import load_cpu_kernels
@@ -72,9 +74,13 @@ class CpuPagedAttnBackend(AttentionBackend):
         if load_cpu_kernels() is None:  # registers torch.ops.radixlm.*
             raise RuntimeError("the cpu_paged attention backend needs the CPU kernels")
         for what, layer_ids in masked_layers(model).items():
-            logger.info("Attention: layers %s (%s) run through the torch-native masked "
-                        "path: the paged kernel has no sliding window or softcap yet",
-                        _ranges(layer_ids), what)
+            if "softcap" in what:
+                logger.info("Attention: layers %s (%s) run through the torch-native masked "
+                            "path: the paged kernel has no logit softcap", _ranges(layer_ids),
+                            what)
+            else:
+                logger.info("Attention: layers %s (%s) run in the paged kernel with their "
+                            "window", _ranges(layer_ids), what)
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
@@ -110,27 +116,35 @@ class CpuPagedAttnBackend(AttentionBackend):
         options: AttnOptions = PLAIN_ATTENTION,
     ) -> torch.Tensor:
         md: CpuPagedMetadata = forward_batch.attn_metadata
-        pool = forward_batch.token_to_kv_pool
-        pool.set_kv_buffer(layer_id, forward_batch.out_cache_loc, k, v)
-        k_buf, v_buf = pool.get_kv_buffer(layer_id)  # each [slots, Hkv, D]
+        # k_buf, v_buf [slots, Hkv, row]; k and v are read only by extends outside the kernel
+        k, v, k_buf, v_buf = stored_kv(forward_batch, layer_id, k, v, read_back=bool(md.extends))
         num_tokens, num_heads, head_dim = q.shape
         scale = head_dim**-0.5 if options.scale is None else options.scale
-        if options is not PLAIN_ATTENTION and options.needs_mask:  # not in the kernel yet
-            plans = md.masked if md.masked is not None else MaskedPlans(forward_batch)
-            out = masked_attention(q, k_buf, v_buf, plans.get(options.sliding_window), scale,
-                                   options.logit_softcap)
-            return out.view(num_tokens, -1)
+        window = 0
+        if options is not PLAIN_ATTENTION and options.needs_mask:
+            if not in_kernel(options) or md.extends:  # a softcap, or extends outside it
+                plans = md.masked if md.masked is not None else MaskedPlans(forward_batch)
+                out = masked_attention(q, k_buf, v_buf, plans.get(options.sliding_window),
+                                       scale, options.logit_softcap)
+                return out.view(num_tokens, -1)
+            window = options.sliding_window or 0
         if md.kernel_args is not None:
             rows, seq_lens, q_starts, q_lens = md.kernel_args
             out = torch.ops.radixlm.paged_attention(
                 q, k_buf, v_buf, forward_batch.req_to_token, rows, seq_lens, q_starts, q_lens,
-                scale,
+                scale, window,
             )  # [T, H, D]; rows of longer extends are filled below
         else:
             out = q.new_empty(num_tokens, num_heads, head_dim)  # [T, H, D]
         for ext in md.extends:
             out[ext.start : ext.end] = extend_attention(q, k, v, k_buf, v_buf, ext, scale)
         return out.view(num_tokens, -1)
+
+
+def in_kernel(options: AttnOptions) -> bool:
+    """Whether the paged kernel computes a layer with these options (a sliding window
+    it does; a logit softcap it does not)."""
+    return options.logit_softcap is None
 
 
 def _ranges(ids: list[int]) -> str:

@@ -5,6 +5,11 @@ runner gathers each request's KV through its row. `TokenToKVPool` holds the K
 and V tensors of every layer, indexed by KV slot, and the allocator of those
 slots.
 
+K and V are stored as `--kv-cache-dtype` says (kv_format.py): in the model's
+dtype, or quantized when written (int8 with a scale per token and head, fp8), which
+the attention kernels read directly; `dtype` stays the dtype K/V are written and
+read back in, `kv_format` says how they are stored.
+
 Slot 0 of the KV pool is a reserved dummy: padding positions in a batch point
 at it, so it is never handed out and its contents are garbage. Usable slots
 are 1..size.
@@ -19,7 +24,11 @@ free twice appears twice in the free list).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+from radixlm.mem_cache.kv_format import KVFormat, kv_format, quantize_rows
 
 # NOTE: frees are merged into the free tensor at the latest when this many are
 # pending, to bound the list's length when allocation never runs short.
@@ -79,6 +88,10 @@ class ReqToTokenPool:
 class TokenToKVPool:
     """Per-layer K and V buffers of `size + 1` slots, and the allocator of slots 1..size.
 
+    Each buffer is [size + 1, num_kv_heads, kv_format.row_width] of kv_format.storage:
+    with `kv_cache_dtype="auto"` [.., head_dim] in `dtype`; quantized formats hold what
+    kv_format.py describes (an int8 row carries its scale in its last 4 bytes).
+
     Ownership: a slot returned by `alloc()` belongs to the caller until it is
     passed to `free()` (directly, or through the prefix cache that took it
     over). `free()` accepts slots in any order and any number of calls, and
@@ -94,6 +107,7 @@ class TokenToKVPool:
         dtype: torch.dtype,
         device: str = "cpu",
         *,
+        kv_cache_dtype: str = "auto",
         debug: bool = False,
     ) -> None:
         if size < 1:
@@ -102,13 +116,21 @@ class TokenToKVPool:
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.dtype = dtype
+        self.dtype = dtype  # K/V as written and read back
+        self.kv_format: KVFormat = kv_format(kv_cache_dtype, dtype, head_dim)
         self.device = device
         # In debug mode every free is checked against a per-slot flag (a device sync).
         self.debug = debug
-        shape = (size + 1, num_kv_heads, head_dim)
-        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        shape = (size + 1, num_kv_heads, self.kv_format.row_width)
+        storage = self.kv_format.storage
+        self.k_buffers = [torch.zeros(shape, dtype=storage, device=device)
+                          for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=storage, device=device)
+                          for _ in range(num_layers)]
+        # The C++ store (quantizing in one pass) for quantized pools on the CPU, if built.
+        self._store_kernel: Callable[..., None] | None = None
+        if self.kv_format.quantized and torch.device(device).type == "cpu":
+            self._store_kernel = _cpu_store_kernel()
         self._free_slots: torch.Tensor  # [num_free] int64, allocated from the head
         self._pending: list[torch.Tensor]  # freed since the last merge
         self._num_pending: int
@@ -117,26 +139,53 @@ class TokenToKVPool:
 
     @staticmethod
     def bytes_per_token(
-        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+        kv_cache_dtype: str = "auto",
     ) -> int:
-        """Bytes of K plus V that one slot takes over all layers."""
-        element_size = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * num_kv_heads * head_dim * element_size
+        """Bytes of K plus V that one slot takes over all layers (scales included)."""
+        return kv_format(kv_cache_dtype, dtype, head_dim).bytes_per_token(num_layers,
+                                                                         num_kv_heads)
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """How K/V are stored, as the user names it ("bfloat16" for auto in bf16, "int8"):
+        part of the disk tier's key, so pools of two formats never share entries."""
+        return self.kv_format.name
+
+    def tokens_vs_auto(self) -> float:
+        """How many times as many tokens this pool holds as one in the model's dtype
+        (auto) would in the same memory: 1.0 for auto, ~1.9 for int8 over bfloat16."""
+        auto = kv_format("auto", self.dtype, self.head_dim)
+        return auto.row_bytes() / self.kv_format.row_bytes()
+
+    def info(self) -> dict[str, int | float | str]:
+        """What /get_server_info says of the pool: capacity, format, real bytes, and the
+        capacity against an auto pool of the same bytes."""
+        per_token = self.kv_format.bytes_per_token(self.num_layers, self.num_kv_heads)
+        return {"max_total_num_tokens": self.size, "kv_cache_dtype": self.kv_cache_dtype,
+                "kv_bytes_per_token": per_token, "kv_cache_bytes": per_token * (self.size + 1),
+                "kv_tokens_vs_auto": round(self.tokens_vs_auto(), 3)}
 
     # ---- KV storage ----
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of one layer, each [size + 1, num_kv_heads, head_dim]."""
+        """K and V of one layer as stored, each [size + 1, num_kv_heads, row_width]
+        (kv_format.gather_rows reads rows back in `dtype`)."""
         return self.k_buffers[layer_id], self.v_buffers[layer_id]
 
     def set_kv_buffer(
         self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None:
-        """Write K and V of T tokens. loc: [T] int64; k, v: [T, num_kv_heads, head_dim]."""
+        """Write K and V of T tokens, quantizing where the pool is quantized.
+        loc: [T] int64; k, v: [T, num_kv_heads, head_dim]."""
+        k_buf, v_buf = self.k_buffers[layer_id], self.v_buffers[layer_id]
+        if self._store_kernel is not None:
+            self._store_kernel(k_buf, v_buf, loc, k, v)
+            return
         # index_copy_, not `buf[loc] = k`: advanced-index assignment (index_put_) took
         # ~7% of a batch-32 decode step on the CPU; index_copy_ is a plain row copy.
-        self.k_buffers[layer_id].index_copy_(0, loc, k.to(self.dtype))
-        self.v_buffers[layer_id].index_copy_(0, loc, v.to(self.dtype))
+        k_buf.index_copy_(0, loc, quantize_rows(k, self.kv_format))
+        v_buf.index_copy_(0, loc, quantize_rows(v, self.kv_format))
 
     def slot_buffers(self) -> list[tuple[str, torch.Tensor]]:
         """Every buffer indexed by KV slot, each [size + 1, ...], named: what one slot's KV is.
@@ -146,11 +195,6 @@ class TokenToKVPool:
         """
         return [(f"{kind}{i}", buf) for i in range(self.num_layers)
                 for kind, buf in (("k", self.k_buffers[i]), ("v", self.v_buffers[i]))]
-
-    @property
-    def kv_cache_dtype(self) -> str:
-        """The KV cache's dtype as the user names it (part of the disk tier's key)."""
-        return str(self.dtype).removeprefix("torch.")
 
     # ---- allocator ----
 
@@ -224,3 +268,15 @@ class TokenToKVPool:
             raise ValueError("the same slot appears twice in one free()")
         if bool(self._is_free[indices].any()):
             raise ValueError("double free of a KV slot")
+
+
+def _cpu_store_kernel() -> Callable[..., None] | None:
+    """torch.ops.radixlm.kv_store where the CPU kernels are built (csrc/kv_store.cpp)."""
+    # NOTE: a lazy import: the pool itself needs no kernels, and the kernels' module
+    # loads (or builds) the library on first use.
+    from radixlm.layers.cpu_kernels import load_cpu_kernels
+
+    if load_cpu_kernels() is None:
+        return None
+    store: Callable[..., None] = torch.ops.radixlm.kv_store
+    return store

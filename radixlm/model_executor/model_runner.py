@@ -168,24 +168,35 @@ class ModelRunner:
         num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         num_kv_heads = kv_heads_per_rank(num_kv_heads, self.tp_size)  # this rank's heads
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        kv_cache_dtype = self.args.kv_cache_dtype
+        # The real bytes of a slot in the pool's format (an int8 row's scale included).
+        per_token = max(TokenToKVPool.bytes_per_token(num_layers, num_kv_heads, head_dim,
+                                                      self.dtype, kv_cache_dtype), 1)
         num_tokens = self.args.max_total_tokens
         if num_tokens is None:
-            per_token = max(TokenToKVPool.bytes_per_token(num_layers, num_kv_heads, head_dim,
-                                                          self.dtype), 1)
             budget = int(_available_memory_bytes(self.device) * self.args.mem_fraction)
             num_tokens = min(budget // per_token, self.args.max_running_requests * self.context_len)
         num_tokens = max(int(num_tokens), 2)
         if self.tp_size > 1:
             num_tokens = _min_over_ranks(num_tokens)  # rank 0 allocates slots for every rank
         self.token_to_kv_pool = TokenToKVPool(
-            num_tokens, num_layers, num_kv_heads, head_dim, self.dtype, self.device
+            num_tokens, num_layers, num_kv_heads, head_dim, self.dtype, self.device,
+            kv_cache_dtype=kv_cache_dtype,
         )
         # A few extra rows: requests retracted mid-step release theirs before the next admit.
         self.req_to_token_pool = ReqToTokenPool(
             self.args.max_running_requests + 1, self.context_len + 8, self.device
         )
-        logger.info("KV pool: %d tokens (%d layers, %d kv heads, head dim %d)",
-                    num_tokens, num_layers, num_kv_heads, head_dim)
+        pool = self.token_to_kv_pool
+        logger.info("KV pool: %d tokens in %s (%d bytes a token, %.1f MiB; %d layers, "
+                    "%d kv heads, head dim %d)%s", num_tokens, pool.kv_cache_dtype, per_token,
+                    num_tokens * per_token / 2**20, num_layers, num_kv_heads, head_dim,
+                    "" if not pool.kv_format.quantized else
+                    f": {pool.tokens_vs_auto():.2f}x the tokens of {pool.dtype} in the same memory")
+        if kv_cache_dtype.startswith("fp8"):
+            logger.warning("--kv-cache-dtype %s stores K/V unscaled in 8 bits, below the "
+                           "accuracy gate on small models; int8 takes as little memory and "
+                           "passes it (docs/kv-cache.md#kv-cache-dtypes)", kv_cache_dtype)
 
     # ------------------------------------------------------------------ step
 

@@ -309,8 +309,6 @@ class RopeInstr(Instr):
 
 def paged_kernel_refusal(options: AttnOptions) -> str | None:
     """What the CPU paged attention kernel lacks for `options` (None: it runs them)."""
-    if options.sliding_window is not None:
-        return "sliding-window attention (not in the paged kernel yet)"
     if options.logit_softcap is not None:
         return "attention logit softcapping (not in the paged kernel yet)"
     return None
@@ -338,7 +336,7 @@ class Attention(Instr):
 
     def encode(self, enc: ProgramEncoder) -> None:
         o = self.options
-        window = NONE if o.sliding_window is None else o.sliding_window
+        window = o.sliding_window or NONE  # (0 is none, as in CpuPagedAttnBackend)
         softcap = NONE if o.logit_softcap is None else enc.float(o.logit_softcap)
         enc.emit(Opcode.ATTENTION, [self.out], [self.q, self.k, self.v],
                  [self.layer_id, enc.float(o.scale_for(self.head_dim)), window, softcap])

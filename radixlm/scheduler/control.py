@@ -52,6 +52,7 @@ def flush_cache(scheduler: Scheduler) -> FlushCacheOut:
 def server_info(scheduler: Scheduler) -> ServerInfoOut:
     s, runner = scheduler, scheduler.runner
     info: dict[str, Any] = dict(s.kv.stats())
+    info.update(s.kv.kv_pool.info())  # the KV cache's dtype and real size
     info.update(
         num_running_reqs=len(s.running),
         num_waiting_reqs=len(s.waiting),
@@ -86,6 +87,7 @@ def runner_info(scheduler: Scheduler) -> dict[str, Any]:
         "context_length": runner.context_len,
         "vocab_size": runner.vocab_size,
         "max_total_num_tokens": scheduler.kv.kv_pool.size,
+        "kv_cache_dtype": scheduler.kv.kv_pool.kv_cache_dtype,
         "eos_token_ids": sorted(runner.eos_token_ids),
         "is_generation": runner.is_generation,
         **pooling_info(runner.model),

@@ -112,3 +112,25 @@ def test_write_back_spills_only_what_the_pool_evicts(model_dir: str, tmp_path: P
         assert meta["cached_tokens"] == full_blocks(p)
         # q shares p's first token: that one stayed in the pool
         assert (meta["cached_tokens_pool"], meta["cached_tokens_disk"]) == (1, full_blocks(p) - 1)
+
+
+def test_int8_pool_restarts_from_disk_and_never_shares_with_auto(model_dir: str,
+                                                                 tmp_path: Path) -> None:
+    """--kv-cache-dtype int8: a restart reads the int8 rows (scales included) back and
+    greedy output equals the run that computed them; an auto pool on the same folder
+    never reads int8 entries (the key holds the KV dtype), nor the other way round."""
+    disk = tmp_path / "kv"
+    p = ids(5, 300)
+    with engine(model_dir, disk, kv_cache_dtype="int8") as first:
+        info = first.get_server_info()
+        assert info["kv_cache_dtype"] == "int8" and info["kv_tokens_vs_auto"] > 1.7
+        ref = generate(first, p)["output_ids"]
+    with engine(model_dir, disk) as auto:  # auto: the model's dtype
+        assert auto.get_server_info()["kv_cache_dtype"] != "int8"
+        out = generate(auto, p)
+        assert out["meta_info"]["cached_tokens"] == 0  # int8 blocks are not its own
+        wait_written(auto)
+    with engine(model_dir, disk, kv_cache_dtype="int8") as second:
+        out = generate(second, p)
+        assert out["meta_info"]["cached_tokens_disk"] == full_blocks(p)  # its own, not auto's
+        assert out["output_ids"] == ref

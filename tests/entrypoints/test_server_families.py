@@ -1,8 +1,8 @@
 """`radixlm serve --model-path` on tiny random Qwen3-MoE and Gemma 3 folders: the family's
 chat template renders the chat, the start-up log names the parsers the family gets (Qwen3:
 hermes tool calls, qwen3 reasoning; Gemma 3: no tool markup, so the generic format, and no
-think block) and which path its layers take (Qwen3-MoE's program the C++ layer stack, Gemma 3's
-sliding windows the Python loop, with the reason), and a tool call comes back parsed.
+think block) and which path its layers take (both the C++ layer stack, Gemma 3's sliding
+windows in the paged kernel), and a tool call comes back parsed.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ FAMILIES = {
     "gemma3": ("gemma3_text", GEMMA3_TEMPLATE, dict(head_dim=16, sliding_window=16,
                                                     query_pre_attn_scalar=16),
                ["Tool-call parser: generic", "Reasoning parser: none",
-                "Gemma3ForCausalLM: the Python layer loop, not the C++ stack: sliding-window attention"]),
+                "Gemma3ForCausalLM: the C++ layer stack"]),
 }
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "parameters": {

@@ -73,6 +73,7 @@ class PoolRunner:
         max_context: int = 256,
         dtype: torch.dtype = torch.float32,
         backend: str = "torch_native",
+        kv_cache_dtype: str = "auto",
     ) -> None:
         head_dim = (
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -85,6 +86,7 @@ class PoolRunner:
             head_dim,
             dtype,
             "cpu",
+            kv_cache_dtype=kv_cache_dtype,
         )
         self.rows = ReqToTokenPool(max_requests, max_context, "cpu")
         self.backend = create_attention_backend(backend, model)

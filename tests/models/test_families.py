@@ -3,8 +3,9 @@ sliding windows: logits equal transformers' (float32, within 1e-4) through a who
 a prefix hit, chunked prefill, a mixed batch and decode steps, on tiny random configs that
 switch on each family's features. Sliding-window variants use windows of 8 tokens and
 sequences of up to 30, so windows slide; the mixed batch and chunked prefill also run
-through the CPU paged backend, which hands windowed layers to the masked torch path and
-gives the kernel the others (with Gemma's scale). The attention softcap itself is tested
+through the CPU paged backend, whose kernel takes the windows (head dim 16: chunks over
+16 rows go to the masked torch path) and Gemma's scale (test_window_kernel.py: head dim
+64, every step in the kernel). The attention softcap itself is tested
 against a reference in tests/layers/test_attention_options.py.
 """
 
@@ -129,31 +130,34 @@ def test_phi3_long_rope(tmp_path) -> None:
 
 
 @pytest.mark.skipif(load_cpu_kernels() is None, reason="no CPU kernels")
-@pytest.mark.parametrize(("name", "why"), [
-    ("gemma3", "sliding-window attention (not in the paged kernel yet) (layers 0, 2)"),
-    ("phi3", "sliding-window attention (not in the paged kernel yet) (layers 0-1)"),
-    ("mistral_window", "sliding-window attention (not in the paged kernel yet) (layers 0-1)"),
-])
-def test_fast_path_refuses_what_it_lacks(name: str, why: str, tmp_path) -> None:
-    """A family whose layers the C++ stack cannot run takes the Python loop, says why and
-    where at start-up, and never reaches the stack (packed weights or not)."""
+def test_fast_path_refuses_what_it_lacks(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A layer the C++ stack cannot run (an attention logit softcap: no family served
+    today has one, so it is set by hand) takes the Python loop, says why and where at
+    start-up, and never reaches the stack (packed weights or not)."""
+    from radixlm.layers.attention import AttnOptions
     from radixlm.layers.prepared_weight import prepare_model
     from radixlm.models.layer_stack import fast_path_report, stack_for
 
-    model_type, overrides, _ = FAMILIES[name]
+    model_type, overrides, _ = FAMILIES["mistral_window"]
     build(model_type, overrides).save_pretrained(tmp_path)
     ours, _ = load_model(str(tmp_path), torch.float32, "cpu")
+    layer = ours.model.layers[1]
+    monkeypatch.setattr(layer.self_attn, "attn_options",
+                        AttnOptions(sliding_window=WINDOW, logit_softcap=20.0))
+    layer.program = layer.build_program()  # as the layer builds it from its options
     prepare_model(ours)
     report = fast_path_report(ours)
+    why = "attention logit softcapping (not in the paged kernel yet) (layer 1)"
     assert report is not None and "Python layer loop" in report and why in report, report
     assert stack_for(ours.model) is None
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "phi4_mini", "smollm3", "ministral"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "phi4_mini", "smollm3", "ministral",
+                                  "gemma3", "phi3", "mistral_window"])
 def test_fast_path_takes_the_families(name: str, tmp_path) -> None:
     """Every family's layer program runs in the C++ stack once its weights are packed
-    (and the log says so); tests/models/test_layer_stack.py checks it equals the Python
-    loop. (ministral: its window is longer than the served context, so none.)"""
+    (and the log says so), sliding windows included (the paged kernel takes them);
+    tests/models/test_layer_stack.py checks it equals the Python loop."""
     from radixlm.layers.cpu_gemm import can_pack, pairs_capable
     from radixlm.layers.prepared_weight import prepare_model
     from radixlm.models.layer_stack import fast_path_report, stack_for
@@ -162,8 +166,6 @@ def test_fast_path_takes_the_families(name: str, tmp_path) -> None:
     if load_cpu_kernels() is None or not (pairs_capable(w) or can_pack(w)):
         pytest.skip("no packed float32 weights on this CPU")
     model_type, overrides, _ = FAMILIES[name]
-    if name == "ministral":
-        overrides = dict(overrides, sliding_window=4096)
     build(model_type, overrides).save_pretrained(tmp_path)
     ours, _ = load_model(str(tmp_path), torch.float32, "cpu")
     assert stack_for(ours.model) is None  # dense weights: the Python loop

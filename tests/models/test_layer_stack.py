@@ -8,7 +8,8 @@ in the exact float32 mode (oneDNN-packed weights, torch's elementwise ops) and i
 float32 over bf16 weights (--quantization bf16_weights: csrc/bf16w_gemm.cpp). Every
 family's layer program takes the same test: Llama and Qwen2 at every ISA level the
 CPU has, the others (q/k norms, MoE, Gemma's norms, GELU and two rotary tables,
-partial rotary, NoPE layers) at the CPU's own.
+partial rotary, NoPE layers, sliding windows) at the CPU's own, and quantized KV
+pools (--kv-cache-dtype) through both loops.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from radixlm.models import layer_stack
 STACK = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
              num_key_value_heads=2, num_hidden_layers=3)
 # The other families (transformers model_type, config overrides), each switching on what
-# its layer program adds; windows longer than the context, which the paged kernel lacks.
+# its layer program adds; windows (16) shorter than the sequences, so that they slide.
 FAMILIES = {
     "qwen3": ("qwen3", dict(head_dim=64)),
     # 16 experts (the router packs in pairs), 4 per token; layer 1 dense
@@ -36,13 +37,14 @@ FAMILIES = {
                                     moe_intermediate_size=128, mlp_only_layers=[1],
                                     norm_topk_prob=True)),
     "gemma3": ("gemma3_text", dict(
-        head_dim=64, query_pre_attn_scalar=48, sliding_window=4096, final_logit_softcapping=30.0,
+        head_dim=64, query_pre_attn_scalar=48, sliding_window=16, final_logit_softcapping=30.0,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
                                             "rope_theta": 1e6},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
     "phi3": ("phi3", dict(partial_rotary_factor=0.5, pad_token_id=0)),
     "smollm3": ("smollm3", dict(num_hidden_layers=4, pad_token_id=0)),
+    "mistral": ("mistral", dict(head_dim=64, sliding_window=16)),
 }
 
 
@@ -76,12 +78,13 @@ def _load(tmp_path, model_type: str, dtype: torch.dtype = torch.bfloat16,  # typ
     return model, config
 
 
-def _run(model, config, use_stack: bool, dtype: torch.dtype = torch.bfloat16) -> tuple[list[torch.Tensor], PoolRunner]:  # type: ignore[no-untyped-def]
+def _run(model, config, use_stack: bool, dtype: torch.dtype = torch.bfloat16,  # type: ignore[no-untyped-def]
+         kv_cache_dtype: str = "auto") -> tuple[list[torch.Tensor], PoolRunner]:
     """Three requests: two prefills (one of 40 tokens, one chunked 30 + 20 after a shared
     prefix), then decode steps of all three together. Returns every step's logits."""
     model.model.use_layer_stack = use_stack
     runner = PoolRunner(model, config, num_slots=512, max_requests=4, max_context=128,
-                        dtype=dtype, backend="cpu_paged")
+                        dtype=dtype, backend="cpu_paged", kv_cache_dtype=kv_cache_dtype)
     gen = torch.Generator().manual_seed(1)
 
     def ids(n: int) -> list[int]:
@@ -121,7 +124,8 @@ def test_layer_stack_equals_the_python_loop(tmp_path, model_type: str, dtype: to
     _assert_stack_equals_loop(model, config, dtype, monkeypatch)
 
 
-def _assert_stack_equals_loop(model, config, dtype: torch.dtype, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def _assert_stack_equals_loop(model, config, dtype: torch.dtype, monkeypatch,  # type: ignore[no-untyped-def]
+                              kv_cache_dtype: str = "auto") -> None:
     calls = {"stack": 0}
     run = layer_stack.LayerStack.run
 
@@ -131,9 +135,9 @@ def _assert_stack_equals_loop(model, config, dtype: torch.dtype, monkeypatch) ->
         return out
 
     monkeypatch.setattr(layer_stack.LayerStack, "run", counted)
-    python_logits, python_runner = _run(model, config, False, dtype)
+    python_logits, python_runner = _run(model, config, False, dtype, kv_cache_dtype)
     assert calls["stack"] == 0
-    stack_logits, stack_runner = _run(model, config, True, dtype)
+    stack_logits, stack_runner = _run(model, config, True, dtype, kv_cache_dtype)
     assert calls["stack"] == 7  # every step
     assert len(stack_logits) == len(python_logits)
     for ours, ref in zip(stack_logits, python_logits):
@@ -156,6 +160,23 @@ def test_every_family_takes_the_stack_bit_for_bit(tmp_path, family: str, dtype: 
     model, config = _load(tmp_path, model_type, dtype, quantization, **overrides)
     assert layer_stack.refusal(model.model) is None, layer_stack.refusal(model.model)
     _assert_stack_equals_loop(model, config, dtype, monkeypatch)
+
+
+@pytest.mark.parametrize(("family", "kv_cache_dtype"),
+                         [("llama", "int8"), ("llama", "fp8_e4m3"), ("llama", "fp8_e5m2"),
+                          ("gemma3", "int8")])
+def test_a_quantized_pool_takes_the_stack_bit_for_bit(tmp_path, family: str,  # type: ignore[no-untyped-def]
+                                                       kv_cache_dtype: str, monkeypatch) -> None:
+    """--kv-cache-dtype int8/fp8: the C++ loop stores K/V through the pool's quantizer
+    (kv_store, as TokenToKVPool.set_kv_buffer does) and the paged kernel reads them as
+    stored (Gemma 3: under its windows), so logits and the quantized pool equal the
+    Python loop's bit for bit."""
+    bf16 = torch.zeros(16, 16, dtype=torch.bfloat16)
+    dtype = torch.bfloat16 if pairs_capable(bf16) else torch.float32
+    _needs_packed_weights(dtype)
+    model_type, overrides = FAMILIES.get(family, ("llama", {}))
+    model, config = _load(tmp_path, model_type, dtype, **overrides)
+    _assert_stack_equals_loop(model, config, dtype, monkeypatch, kv_cache_dtype)
 
 
 def test_a_forward_hook_or_int8_keeps_the_python_loop(tmp_path) -> None:  # type: ignore[no-untyped-def]
