@@ -69,7 +69,8 @@ def wait_written(eng: Engine) -> dict[str, Any]:
 
 
 def make_engine(args: argparse.Namespace, folder: str | None, pool: int) -> Engine:
-    kwargs: dict[str, Any] = {"max_total_tokens": pool, "log_level": "warning"}
+    kwargs: dict[str, Any] = {"max_total_tokens": pool, "log_level": "warning",
+                              "kv_cache_dtype": args.kv_cache_dtype}
     if args.model_path:
         kwargs["model_path"] = args.model_path
     if folder is not None:
@@ -87,6 +88,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model-path", default=None, help="default: the default model")
     p.add_argument("--prefix-len", type=int, default=8000)
+    p.add_argument("--kv-cache-dtype", default="auto", help="the pool's (and disk tier's) format")
     p.add_argument("--suffix-len", type=int, default=32)
     p.add_argument("--block-size", type=int, default=64)
     p.add_argument("--write-policy", default="write_through",
