@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -40,6 +39,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "models"))
 sys.path.insert(0, HERE)
 
 from _forward_harness import PoolRunner  # noqa: E402
+from make_gguf_fixtures import run_llama_py  # noqa: E402
 
 from radixlm.default_model import default_model_path  # noqa: E402
 from radixlm.layers.prepared_weight import prepare_model  # noqa: E402
@@ -80,9 +80,7 @@ np.save(sys.argv[4], np.asarray(llm.scores[:len(ids)], dtype=np.float32))
 
 
 def llama(*args: str) -> None:
-    python = os.environ.get("LLAMA_PY", os.path.expanduser("~/peer-llama/bin/python"))
-    subprocess.run([python, "-c", _LLAMA_CODE, *args], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    run_llama_py(_LLAMA_CODE, *args)
 
 
 def llama_logits(model: str, ids: list[int], batch: int, kv: str = "f16") -> torch.Tensor:

@@ -104,10 +104,15 @@ np.save(sys.argv[4], np.asarray(llm.scores[:len(ids)], dtype=np.float32))
 """
 
 
-def llama(*args: str) -> None:
+def run_llama_py(code: str, *args: str) -> None:
+    """Run `code` with `args` in LLAMA_PY, the llama-cpp-python peer's interpreter."""
     python = os.environ.get("LLAMA_PY", os.path.expanduser("~/peer-llama/bin/python"))
-    subprocess.run([python, "-c", _LLAMA_CODE, *args], check=True, stdout=subprocess.DEVNULL,
+    subprocess.run([python, "-c", code, *args], check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
+
+
+def llama(*args: str) -> None:
+    run_llama_py(_LLAMA_CODE, *args)
 
 
 def llama_logits(model: str, ids: list[int]) -> np.ndarray:
