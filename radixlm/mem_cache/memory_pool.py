@@ -10,20 +10,25 @@ dtype, or quantized when written (int8 with a scale per token and head, fp8), wh
 the attention kernels read directly; `dtype` stays the dtype K/V are written and
 read back in, `kv_format` says how they are stored.
 
+On the CPU both pools' tables are `lazy_zeros`: memory the kernel zeroes on first
+touch, so a page of K/V counts in RSS once a token is written to it, not at start.
+
 Slot 0 of the KV pool is a reserved dummy: padding positions in a batch point
 at it, so it is never handed out and its contents are garbage. Usable slots
 are 1..size.
 
 Allocation runs every step for every request, so both operations are cheap:
-`alloc(n)` slices the head off a tensor of free slots, and `free()` only
-appends to a list of pending frees, merged into the free tensor when an
-allocation needs them. Neither synchronizes with the device. Double frees are
+`alloc(n)` slices the head off a tensor of freed slots (then takes slots never
+handed out, lowest first), and `free()` only appends to a list of pending frees,
+merged into the freed tensor when an allocation needs them. Neither synchronizes with the device. Double frees are
 caught at once in `debug` mode, and otherwise by `check_integrity()` (a slot
 free twice appears twice in the free list).
 """
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Callable
 
 import torch
@@ -33,6 +38,26 @@ from radixlm.mem_cache.kv_format import KVFormat, kv_format, quantize_rows
 # NOTE: frees are merged into the free tensor at the latest when this many are
 # pending, to bound the list's length when allocation never runs short.
 _MAX_PENDING_FREES = 1024
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    """torch.zeros(shape, dtype=dtype, device=device), except that on the CPU no byte is
+    written: the tensor is a private anonymous mapping of its own (page aligned), whose
+    pages the kernel gives as zeros on first touch, so a page counts in the process's
+    RSS only once something writes (or reads) it. A pool sized for its most tokens then
+    costs resident memory for the tokens it holds. (torch.zeros memsets every byte.)
+    The mapping is unmapped when the tensor's storage is freed."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    # NOTE: MAP_PRIVATE (Python's default is MAP_SHARED, shared memory that a fork would
+    # share); not MAP_NORESERVE, so that under strict overcommit a pool larger than
+    # memory is refused here rather than killed once it fills.
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE,
+                        prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(shape)
 
 
 class ReqToTokenPool:
@@ -48,8 +73,8 @@ class ReqToTokenPool:
         self.size = size
         self.max_context_len = max_context_len
         self.device = device
-        self.req_to_token = torch.zeros(
-            (size, max_context_len), dtype=torch.int64, device=device
+        self.req_to_token = lazy_zeros(
+            (size, max_context_len), torch.int64, device
         )  # [size, max_context_len]
         self._free_rows: list[int] = list(range(size - 1, -1, -1))  # pop() gives row 0 first
         self._is_free = [True] * size
@@ -123,17 +148,16 @@ class TokenToKVPool:
         self.debug = debug
         shape = (size + 1, num_kv_heads, self.kv_format.row_width)
         storage = self.kv_format.storage
-        self.k_buffers = [torch.zeros(shape, dtype=storage, device=device)
-                          for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=storage, device=device)
-                          for _ in range(num_layers)]
+        self.k_buffers = [lazy_zeros(shape, storage, device) for _ in range(num_layers)]
+        self.v_buffers = [lazy_zeros(shape, storage, device) for _ in range(num_layers)]
         # The C++ store (quantizing in one pass) for quantized pools on the CPU, if built.
         self._store_kernel: Callable[..., None] | None = None
         if self.kv_format.quantized and torch.device(device).type == "cpu":
             self._store_kernel = _cpu_store_kernel()
-        self._free_slots: torch.Tensor  # [num_free] int64, allocated from the head
+        self._free_slots: torch.Tensor  # [num_free] int64: freed slots, allocated from the head
         self._pending: list[torch.Tensor]  # freed since the last merge
         self._num_pending: int
+        self._fresh: int  # slots _fresh..size have not been handed out since clear()
         self._is_free: torch.Tensor  # [size + 1] bool, maintained in debug mode only
         self.clear()
 
@@ -199,19 +223,31 @@ class TokenToKVPool:
     # ---- allocator ----
 
     def available_size(self) -> int:
-        return self._free_slots.numel() + self._num_pending
+        return self._free_slots.numel() + self._num_pending + self.size + 1 - self._fresh
 
     def alloc(self, n: int) -> torch.Tensor | None:
-        """n free slots as a new [n] int64 tensor on the pool's device; None if fewer are free."""
+        """n free slots as a new [n] int64 tensor on the pool's device; None if fewer are free.
+
+        Slots freed before (pending frees merged first) come before slots never handed
+        out, and those go lowest first: the slots ever written stay 1..peak use, so the
+        pool's pages that hold K/V (and count in RSS on the CPU) are as few as the most
+        tokens held at once need."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} slots")
         if n > self._free_slots.numel():
             self._merge_pending()
-            if n > self._free_slots.numel():
-                return None
+        num_reused = min(n, self._free_slots.numel())
+        num_fresh = n - num_reused
+        if num_fresh > self.size + 1 - self._fresh:
+            return None
         # NOTE: clone, so callers never hold a view that keeps an old free tensor alive.
-        out = self._free_slots[:n].clone()
-        self._free_slots = self._free_slots[n:]
+        out = self._free_slots[:num_reused].clone()
+        self._free_slots = self._free_slots[num_reused:]
+        if num_fresh:
+            fresh = torch.arange(self._fresh, self._fresh + num_fresh, dtype=torch.int64,
+                                 device=self.device)
+            out = torch.cat([out, fresh]) if num_reused else fresh
+            self._fresh += num_fresh
         if self.debug:
             self._is_free[out] = False
         return out
@@ -231,16 +267,18 @@ class TokenToKVPool:
 
     def clear(self) -> None:
         """Every slot free again (the buffers keep their contents)."""
-        self._free_slots = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        self._free_slots = torch.empty(0, dtype=torch.int64, device=self.device)
         self._pending = []
         self._num_pending = 0
+        self._fresh = 1
         self._is_free = torch.ones(self.size + 1, dtype=torch.bool, device=self.device)
         self._is_free[0] = False
 
     def free_slots(self) -> torch.Tensor:
         """All free slots as one int64 tensor (a merge: O(size), for checks and tests)."""
         self._merge_pending()
-        return self._free_slots.clone()
+        fresh = torch.arange(self._fresh, self.size + 1, dtype=torch.int64, device=self.device)
+        return torch.cat([self._free_slots, fresh])
 
     def check_integrity(self) -> None:
         """Raise AssertionError if a slot is free twice, or a free slot is 0 or out of range."""

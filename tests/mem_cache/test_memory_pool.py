@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -122,3 +124,64 @@ def test_many_small_frees_stay_consistent() -> None:
         pool.free(s)
     assert pool.available_size() == 3000
     pool.check_integrity()
+
+
+def test_kv_pool_reuses_freed_slots_before_fresh_ones() -> None:
+    pool = make_pool(16)
+    a = pool.alloc(5)
+    assert a is not None and a.tolist() == [1, 2, 3, 4, 5]  # lowest first
+    pool.free(a[1:3])  # slots 2, 3: pending, not merged yet
+    b = pool.alloc(4)  # the two freed slots first, then fresh ones
+    assert b is not None and b.tolist() == [2, 3, 6, 7]
+    pool.check_integrity()
+    # Requests come and go, never more than 7 slots in use at once: nothing above 7 is
+    # ever handed out, so no page of K/V above slot 7 is ever written.
+    held = torch.cat([a[:1], a[3:], b])
+    for _ in range(50):
+        pool.free(held[:3])
+        new = pool.alloc(3)
+        assert new is not None and int(new.max()) <= 7
+        held = torch.cat([held[3:], new])
+    assert pool.available_size() == 16 - 7
+    pool.check_integrity()
+    pool.clear()
+    again = pool.alloc(3)
+    assert again is not None and again.tolist() == [1, 2, 3]
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux /proc")
+@pytest.mark.parametrize("kv_cache_dtype,dtype", [("auto", torch.bfloat16),
+                                                  ("auto", torch.float32), ("int8", torch.bfloat16),
+                                                  ("fp8_e4m3", torch.bfloat16)])
+def test_kv_pool_memory_counts_in_rss_only_once_written(kv_cache_dtype: str,
+                                                       dtype: torch.dtype) -> None:
+    # 4 layers x 8 heads x head dim 64: 2-8 KiB of K plus V a slot, a pool of 256 MiB.
+    per_token = TokenToKVPool.bytes_per_token(4, 8, 64, dtype, kv_cache_dtype)
+    size = (256 << 20) // per_token
+    before = _rss_bytes()
+    pool = TokenToKVPool(size, num_layers=4, num_kv_heads=8, head_dim=64, dtype=dtype,
+                         kv_cache_dtype=kv_cache_dtype)
+    reqs = ReqToTokenPool(64, max_context_len=128 * 1024)  # 64 MiB of int64
+    grown = _rss_bytes() - before
+    assert grown < (16 << 20), f"allocating 320 MiB of pools made {grown >> 20} MiB resident"
+    storage = pool.kv_format.storage
+    for k, v in (pool.get_kv_buffer(i) for i in range(4)):
+        assert k.dtype == v.dtype == storage and k.shape == (size + 1, 8, pool.kv_format.row_width)
+        assert k.is_contiguous() and k.data_ptr() % 4096 == 0
+        assert not k[-4:].float().any() and not v[:4].float().any()  # zeros
+    assert not reqs.req_to_token[-1].any()
+    # Writing 1,000 tokens makes about their bytes resident (plus a page per buffer).
+    loc = pool.alloc(1000)
+    assert loc is not None
+    for i in range(4):
+        kv = torch.randn(1000, 8, 64, dtype=dtype)
+        pool.set_kv_buffer(i, loc, kv, kv)
+    grown = _rss_bytes() - before
+    assert 1000 * per_token <= grown < 1000 * per_token + (16 << 20)
+    k, _ = pool.get_kv_buffer(3)
+    assert k[1 : 1001].float().abs().sum() > 0 and not k[1001:1010].float().any()
