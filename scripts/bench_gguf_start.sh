@@ -10,7 +10,9 @@
 # Each engine: start until /v1/models answers (s), RSS of the server and its children
 # (MB), then bench_serving at concurrency 1 (4 requests) and 16 (16 requests), OUTPUT_LEN
 # tokens each (default 128), ~40-token chat prompts, temperature 0; then the TTFT of two
-# ~2,000-token random prompts with max_tokens 1.
+# ~2,000-token random prompts with max_tokens 1. RSS is printed when idle after the
+# start, after the c1 run and after the 2k prompts, each with the largest process's
+# smaps breakdown in out_dir/smaps-ENGINE-STAGE.txt (scripts/rss_breakdown.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FILE=$(realpath "$1"); shift
@@ -24,15 +26,23 @@ PID=""
 stop() { if [ -n "$PID" ]; then kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; PID=""; fi; }
 trap stop EXIT
 
-rss() {  # RSS (MB) of $PID and each descendant, by command
-  $PY - "$PID" <<'EOF'
+rss() {  # RSS (MB) of $PID and each descendant, by command; $1: the stage, for
+  # $OUT/smaps-ENGINE-STAGE.txt (scripts/rss_breakdown.py of the largest process)
+  $PY - "$PID" "$1" "$OUT/smaps-$engine-$1.txt" <<'EOF'
 import sys, psutil
+sys.path.insert(0, "scripts")
+from rss_breakdown import report
 p = psutil.Process(int(sys.argv[1]))
+largest = (0, 0)
 for q in [p, *p.children(recursive=True)]:
     try:
-        print(f"  rss {q.memory_info().rss / 2**20:7.0f} MB  pid {q.pid}  {' '.join(q.cmdline())[:90]}")
+        rss = q.memory_info().rss
+        print(f"  rss {rss / 2**20:7.0f} MB  pid {q.pid}  {sys.argv[2]}  {' '.join(q.cmdline())[:80]}")
+        largest = max(largest, (rss, q.pid))
     except psutil.Error:
         pass
+with open(sys.argv[3], "w") as f:
+    f.write(report(largest[1], 16) + "\n")
 EOF
 }
 
@@ -56,16 +66,17 @@ for engine in $ENGINES; do
     sleep 0.2
   done
   echo "start to healthy: $(echo "$(date +%s.%N) - $t0" | bc) s"
+  sleep 2; rss idle
   for c in 1 16; do
     n=$(( c == 1 ? 4 : 16 ))
     $PY -m radixlm.bench.serving --base-url "http://127.0.0.1:$PORT" --label "$engine-c$c" \
       --concurrency $c --num-prompts $n --output-len "$OUTPUT_LEN" --warmup 1 --disable-tqdm \
       --output-file "$OUT/runs.jsonl" | { grep -E "==|requests:|throughput|TTFT|TPOT|error" || true; }
-    if [ $c = 1 ]; then rss; fi
+    if [ $c = 1 ]; then rss after-c1; fi
   done
   $PY -m radixlm.bench.serving --base-url "http://127.0.0.1:$PORT" --label "$engine-2k" \
     --dataset random --random-input-len 2000 --output-len 1 --concurrency 1 --num-prompts 2 \
     --warmup 0 --disable-tqdm --output-file "$OUT/prefill.jsonl" | { grep -E "==|requests:|TTFT|error" || true; }
-  rss
+  rss after-2k
   stop
 done
