@@ -154,7 +154,18 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux /proc")
+def _resident_bytes(t: torch.Tensor) -> int:
+    """Bytes of t's storage in pages present in memory (/proc/self/pagemap's bit 63)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    first = t.untyped_storage().data_ptr() // page
+    end = -(-(t.untyped_storage().data_ptr() + t.untyped_storage().nbytes()) // page)
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        entries = memoryview(f.read((end - first) * 8)).cast("Q")
+    return sum(1 for e in entries if e >> 63) * page
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="Linux /proc")
 @pytest.mark.parametrize("kv_cache_dtype,dtype", [("auto", torch.bfloat16),
                                                   ("auto", torch.float32), ("int8", torch.bfloat16),
                                                   ("fp8_e4m3", torch.bfloat16)])
@@ -169,19 +180,22 @@ def test_kv_pool_memory_counts_in_rss_only_once_written(kv_cache_dtype: str,
     reqs = ReqToTokenPool(64, max_context_len=128 * 1024)  # 64 MiB of int64
     grown = _rss_bytes() - before
     assert grown < (16 << 20), f"allocating 320 MiB of pools made {grown >> 20} MiB resident"
+    buffers = [b for _, b in pool.slot_buffers()]
+    assert sum(_resident_bytes(b) for b in [*buffers, reqs.req_to_token]) == 0
     storage = pool.kv_format.storage
     for k, v in (pool.get_kv_buffer(i) for i in range(4)):
         assert k.dtype == v.dtype == storage and k.shape == (size + 1, 8, pool.kv_format.row_width)
         assert k.is_contiguous() and k.data_ptr() % 4096 == 0
         assert not k[-4:].float().any() and not v[:4].float().any()  # zeros
     assert not reqs.req_to_token[-1].any()
-    # Writing 1,000 tokens makes about their bytes resident (plus a page per buffer).
+    # Writing 1,000 tokens makes their bytes resident (plus two pages a buffer at most,
+    # and the pages read above).
     loc = pool.alloc(1000)
     assert loc is not None
     for i in range(4):
         kv = torch.randn(1000, 8, 64, dtype=dtype)
         pool.set_kv_buffer(i, loc, kv, kv)
-    grown = _rss_bytes() - before
-    assert 1000 * per_token <= grown < 1000 * per_token + (16 << 20)
+    resident = sum(_resident_bytes(b) for b in buffers)
+    assert 1000 * per_token <= resident <= 1000 * per_token + 8 * 4 * 4096
     k, _ = pool.get_kv_buffer(3)
     assert k[1 : 1001].float().abs().sum() > 0 and not k[1001:1010].float().any()
