@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import torch
 
+from radixlm.mem_cache.memory_pool import lazy_zeros
 from radixlm.messages.forward_step import ForwardStep
 
 
@@ -62,7 +63,8 @@ class StepBroadcaster:
 
     def __init__(self, req_to_token: torch.Tensor, timeout: float) -> None:
         self._table = req_to_token  # [rows, max_len]: the scheduler's, written by KVManager
-        self._synced = torch.zeros_like(req_to_token, device="cpu")  # what the others hold
+        # what the others hold (lazily zeroed, as the table: resident only where written)
+        self._synced = lazy_zeros(tuple(req_to_token.shape), req_to_token.dtype)
         self._heartbeat_every = max(timeout / 4, 0.5)
         self._last_send = time.monotonic()
 
