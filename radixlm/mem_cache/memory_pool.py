@@ -20,9 +20,9 @@ are 1..size.
 Allocation runs every step for every request, so both operations are cheap:
 `alloc(n)` slices the head off a tensor of freed slots (then takes slots never
 handed out, lowest first), and `free()` only appends to a list of pending frees,
-merged into the freed tensor when an allocation needs them. Neither synchronizes with the device. Double frees are
-caught at once in `debug` mode, and otherwise by `check_integrity()` (a slot
-free twice appears twice in the free list).
+merged into the freed tensor when an allocation needs them. Neither synchronizes
+with the device. Double frees are caught at once in `debug` mode, and otherwise
+by `check_integrity()` (a slot free twice appears twice in the free list).
 """
 
 from __future__ import annotations
