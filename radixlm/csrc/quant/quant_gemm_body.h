@@ -48,6 +48,21 @@ struct Vec {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(q), as),
                                                    _mm512_set1_epi16(1)));
   }
+  static I maddubs(I w, I a) { return _mm512_maddubs_epi16(w, a); }
+  static I add16(I a, I b) { return _mm512_add_epi16(a, b); }
+  static I add32(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I sub32(I a, I b) { return _mm512_sub_epi32(a, b); }
+  template <int kShift> static I sll32(I a) { return _mm512_slli_epi32(a, kShift); }
+  static I madd(I a, I b) { return _mm512_madd_epi16(a, b); }
+  static I ones16() { return _mm512_set1_epi16(1); }
+  // Keeps an accumulator in a register as the source orders it (without this, g++
+  // reassociates an unrolled chain of adds into a tree of spilled products).
+  static void pin(I& v) { asm("" : "+v"(v)); }
+  // 16 int8 sub-scales, each in both 16-bit halves of its column's 32-bit lane
+  static I scale_pairs(const int8_t* p) {
+    const I x = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_or_si512(_mm512_and_si512(x, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(x, 16));
+  }
   static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
   static F set1(float v) { return _mm512_set1_ps(v); }
   static F fzero() { return _mm512_setzero_ps(); }
@@ -102,6 +117,18 @@ struct Vec {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q),
                                                                         _mm256_sign_epi8(a, q)),
                                                    _mm256_set1_epi16(1)));
+  }
+  static I maddubs(I w, I a) { return _mm256_maddubs_epi16(w, a); }
+  static I add16(I a, I b) { return _mm256_add_epi16(a, b); }
+  static I add32(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I sub32(I a, I b) { return _mm256_sub_epi32(a, b); }
+  template <int kShift> static I sll32(I a) { return _mm256_slli_epi32(a, kShift); }
+  static I madd(I a, I b) { return _mm256_madd_epi16(a, b); }
+  static I ones16() { return _mm256_set1_epi16(1); }
+  static void pin(I& v) { asm("" : "+x"(v)); }
+  static I scale_pairs(const int8_t* p) {
+    const I x = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(x, 16));
   }
   static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
   static F set1(float v) { return _mm256_set1_ps(v); }
@@ -258,6 +285,7 @@ void qtile(const ChunkLayout& cl, const UnitPtr* units_at_chunk0, const Quantize
             } else {
               isum[r][u] = V::dot(isum[r][u], w[u], a);
             }
+            V::pin(isum[r][u]);
           }
         }
       }
@@ -271,6 +299,145 @@ void qtile(const ChunkLayout& cl, const UnitPtr* units_at_chunk0, const Quantize
                                           : act.bsf32[row * act.ld_32 + sub_index];
             acc[r][u] = V::fnma(mv[u], V::set1(bsf), acc[r][u]);
           }
+        }
+      }
+    }
+  }
+  for (int64_t r = 0; r < kR; ++r) {
+    for (int64_t u = 0; u < kU; ++u) V::store(out[r] + u * V::kCols, acc[r][u]);
+  }
+}
+
+// The tile without VNNI for levels of at most 6 bits. vpmaddubsw's 16-bit sums of
+// two products add up in 16 bits over a sub-block (over half of one for 5- and 6-bit
+// levels, to stay within 2^15 with activations in [-128, 127]); then one vpmaddwd per
+// row and unit widens them to 32 bits times the sub-block's integer scale (K-quants)
+// or 1 (legacy formats). That is one multiply per quad instead of two, and the
+// K-quants turn their integer sums into floats once per super-block.
+template <int32_t kType>
+constexpr int flush_quads() {
+  constexpr Format f = format_of(kType);
+  constexpr int kQuads = f.sub / 4;
+  constexpr int kFit = 32767 / (2 * ((1 << f.bits) - 1) * 128);
+  return kFit < kQuads ? kFit : kQuads;
+}
+
+template <int32_t kType, int64_t kR, int64_t kU>
+void qtile16(const ChunkLayout& cl, const UnitPtr* units_at_chunk0, const QuantizedRows& act,
+             int64_t row0, float (*out)[kU * Vec::kCols]) {
+  using V = Vec;
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr Format f = format_of(kType);
+  constexpr int kQuads = f.sub / 4;
+  constexpr int kFlush = flush_quads<kType>();
+  static_assert(kFlush > 0 && kQuads % kFlush == 0, "16-bit sums must fit");
+  // K-quants' implied offsets (M = c * d * sc, c a power of two) stay integer:
+  // sc * (sum(u * a) - c * sum(a)), the second term a vpmaddwd and a shift.
+  constexpr int kOffsetShift = f.min_mul == 4 ? 2 : f.min_mul == 32 ? 5 : -1;
+  static_assert(!f.k_quant || f.stored_min || kOffsetShift > 0, "implied K offset is 4 or 32");
+  F acc[kR][kU];
+  I isum[kR][kU];
+  for (int64_t r = 0; r < kR; ++r) {
+    for (int64_t u = 0; u < kU; ++u) acc[r][u] = V::fzero();
+  }
+  for (int64_t c = 0; c < cl.chunks; ++c) {
+    if constexpr (f.k_quant) {
+      for (int64_t r = 0; r < kR; ++r) {
+        for (int64_t u = 0; u < kU; ++u) isum[r][u] = V::zero();
+      }
+    }
+    for (int64_t j = 0; j < cl.subs; ++j) {
+      const int64_t sub_index = c * cl.subs + j;  // over the whole K
+      I mult[kU];
+      F s[kU], mv[kU];
+      const uint8_t* planes[kU];
+      for (int64_t u = 0; u < kU; ++u) {
+        const uint8_t* ch = units_at_chunk0[u].chunk + c * cl.bytes;
+        const int64_t h = units_at_chunk0[u].half * V::kCols;
+        if constexpr (f.k_quant) {
+          mult[u] = V::scale_pairs(reinterpret_cast<const int8_t*>(ch + cl.sc_off) + j * kGroup + h);
+          if constexpr (f.stored_min) {
+            const F dm = V::half(reinterpret_cast<const uint16_t*>(ch + cl.dmin_off) + h);
+            mv[u] = V::mul(dm, V::from_u8(ch + cl.m_off + j * kGroup + h));
+          }
+        } else {
+          mult[u] = V::ones16();
+          s[u] = V::half(reinterpret_cast<const uint16_t*>(ch + cl.d_off) + j * kGroup + h);
+          if constexpr (f.stored_min) {
+            mv[u] = V::half(reinterpret_cast<const uint16_t*>(ch + cl.dmin_off) + j * kGroup + h);
+          }
+        }
+        planes[u] = ch + cl.planes_off + j * cl.sub_bytes;
+      }
+      if constexpr (!f.k_quant) {  // legacy: one sub-block per scale; implied offsets in the init
+        for (int64_t r = 0; r < kR; ++r) {
+          const int32_t init = f.min_mul == 0 ? 0 : -f.min_mul * act.bs32[(row0 + r) * act.ld_32 + sub_index];
+          for (int64_t u = 0; u < kU; ++u) isum[r][u] = V::set1_i32(init);
+        }
+      } else if constexpr (!f.stored_min) {
+        for (int64_t r = 0; r < kR; ++r) {
+          const int32_t bs = f.sub == 16 ? act.bs16[(row0 + r) * act.ld_16 + sub_index]
+                                         : act.bs32[(row0 + r) * act.ld_32 + sub_index];
+          const I b = V::set1_i32(bs & 0xFFFF);  // |bs| <= 128 * 32: one 16-bit half
+          for (int64_t u = 0; u < kU; ++u) {
+            const I off = V::madd(mult[u], b);
+            isum[r][u] = V::sub32(isum[r][u], V::template sll32<kOffsetShift>(off));
+          }
+        }
+      }
+      const int8_t* aq = act.q + row0 * act.ld_q + sub_index * f.sub;
+#pragma GCC unroll 4
+      for (int q0 = 0; q0 < kQuads; q0 += kFlush) {
+        I part[kR][kU];
+        for (int64_t r = 0; r < kR; ++r) {
+          for (int64_t u = 0; u < kU; ++u) part[r][u] = V::zero();
+        }
+#pragma GCC unroll 8
+        for (int q = q0; q < q0 + kFlush; ++q) {
+          I w[kU];
+          for (int64_t u = 0; u < kU; ++u) w[u] = levels<f.bits, f.sub>(planes[u], units_at_chunk0[u].half, q);
+          for (int64_t r = 0; r < kR; ++r) {
+            int32_t a4;
+            std::memcpy(&a4, aq + r * act.ld_q + q * 4, 4);
+            const I a = V::set1_i32(a4);
+            for (int64_t u = 0; u < kU; ++u) {
+              part[r][u] = V::add16(part[r][u], V::maddubs(w[u], a));
+              V::pin(part[r][u]);
+            }
+          }
+        }
+        for (int64_t r = 0; r < kR; ++r) {
+          for (int64_t u = 0; u < kU; ++u) isum[r][u] = V::add32(isum[r][u], V::madd(part[r][u], mult[u]));
+        }
+      }
+      if constexpr (!f.k_quant) {
+        for (int64_t r = 0; r < kR; ++r) {
+          const int64_t row = row0 + r;
+          const F da = V::set1(act.d[row * act.ld_d + sub_index]);
+          for (int64_t u = 0; u < kU; ++u) {
+            acc[r][u] = V::fma(V::cvt(isum[r][u]), V::mul(s[u], da), acc[r][u]);
+            if constexpr (f.stored_min) {
+              acc[r][u] = V::fnma(mv[u], V::set1(act.bsf32[row * act.ld_32 + sub_index]), acc[r][u]);
+            }
+          }
+        }
+      } else if constexpr (f.stored_min) {
+        for (int64_t r = 0; r < kR; ++r) {
+          const int64_t row = row0 + r;
+          const float bsf = f.sub == 16 ? act.bsf16[row * act.ld_16 + sub_index]
+                                        : act.bsf32[row * act.ld_32 + sub_index];
+          for (int64_t u = 0; u < kU; ++u) acc[r][u] = V::fnma(mv[u], V::set1(bsf), acc[r][u]);
+        }
+      }
+    }
+    if constexpr (f.k_quant) {  // the super-block's integer sums, times d * da
+      for (int64_t u = 0; u < kU; ++u) {
+        const uint8_t* ch = units_at_chunk0[u].chunk + c * cl.bytes;
+        const F d = V::half(reinterpret_cast<const uint16_t*>(ch + cl.d_off) + units_at_chunk0[u].half * V::kCols);
+        for (int64_t r = 0; r < kR; ++r) {
+          const F da = V::set1(act.d[(row0 + r) * act.ld_d + c]);
+          acc[r][u] = V::fma(V::cvt(isum[r][u]), V::mul(d, da), acc[r][u]);
         }
       }
     }
@@ -297,6 +464,10 @@ inline void store_tile(const float* tile, int64_t tile_ld, int64_t rows, int64_t
   }
 }
 
+// Which tile a format runs on at this ISA level.
+template <int32_t kType>
+constexpr bool kInt16Sums = !kVnni && format_of(kType).bits != 8;
+
 template <int32_t kType>
 void gemm(const GemmArgs& g) {
   constexpr Format f = format_of(kType);
@@ -322,7 +493,11 @@ void gemm(const GemmArgs& g) {
         radixlm::with_count<kTileRows>(nr, [&](auto nr_c) {
           constexpr int64_t kU = decltype(nu_c)::value, kR = decltype(nr_c)::value;
           alignas(64) float tmp[kR][kU * Vec::kCols];
-          qtile<kType, kR, kU>(cl, ptrs, *g.act, r0, tmp);
+          if constexpr (kInt16Sums<kType>) {
+            qtile16<kType, kR, kU>(cl, ptrs, *g.act, r0, tmp);
+          } else {
+            qtile<kType, kR, kU>(cl, ptrs, *g.act, r0, tmp);
+          }
           store_tile(&tmp[0][0], kU * Vec::kCols, nr, cols, g, r0, col0);
         });
       });
