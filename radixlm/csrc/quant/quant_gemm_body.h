@@ -322,9 +322,50 @@ constexpr int flush_quads() {
   return kFit < kQuads ? kFit : kQuads;
 }
 
-template <int32_t kType, int64_t kR, int64_t kU>
-void qtile16(const ChunkLayout& cl, const UnitPtr* units_at_chunk0, const QuantizedRows& act,
-             int64_t row0, float (*out)[kU * Vec::kCols]) {
+// One unit's scales for one sub-block, worked out once per column tile (a tile's
+// row tiles all use them): the integer sub-scale in both 16-bit halves of each
+// 32-bit lane (K-quants), the float scale (legacy: S; K-quants: the super-block's d,
+// kept in the chunk's first sub-block) and the offset M.
+struct UnitScales {
+  typename Vec::I mult;
+  typename Vec::F s, mv;
+};
+
+template <int32_t kType>
+inline void unit_scales(const ChunkLayout& cl, const UnitPtr& unit, int64_t c, int64_t j, UnitScales& o) {
+  using V = Vec;
+  constexpr Format f = format_of(kType);
+  const uint8_t* ch = unit.chunk + c * cl.bytes;
+  const int64_t h = unit.half * V::kCols;
+  o.mv = V::fzero();
+  if constexpr (f.k_quant) {
+    o.mult = V::scale_pairs(reinterpret_cast<const int8_t*>(ch + cl.sc_off) + j * kGroup + h);
+    o.s = V::half(reinterpret_cast<const uint16_t*>(ch + cl.d_off) + h);
+    if constexpr (f.stored_min) {
+      const typename V::F dm = V::half(reinterpret_cast<const uint16_t*>(ch + cl.dmin_off) + h);
+      o.mv = V::mul(dm, V::from_u8(ch + cl.m_off + j * kGroup + h));
+    }
+  } else {
+    o.mult = V::ones16();
+    o.s = V::half(reinterpret_cast<const uint16_t*>(ch + cl.d_off) + j * kGroup + h);
+    if constexpr (f.stored_min) {
+      o.mv = V::half(reinterpret_cast<const uint16_t*>(ch + cl.dmin_off) + j * kGroup + h);
+    }
+  }
+}
+
+template <int32_t kType>
+void tile_scales(const ChunkLayout& cl, const UnitPtr* units, int64_t nu, UnitScales* out) {
+  for (int64_t c = 0; c < cl.chunks; ++c) {
+    for (int64_t j = 0; j < cl.subs; ++j) {
+      for (int64_t u = 0; u < nu; ++u) unit_scales<kType>(cl, units[u], c, j, out[(c * cl.subs + j) * kTileUnits + u]);
+    }
+  }
+}
+
+template <int32_t kType, int64_t kR, int64_t kU, bool kPre>
+void qtile16(const ChunkLayout& cl, const UnitPtr* units_at_chunk0, const UnitScales* scales,
+             const QuantizedRows& act, int64_t row0, float (*out)[kU * Vec::kCols]) {
   using V = Vec;
   using I = typename V::I;
   using F = typename V::F;
@@ -354,19 +395,17 @@ void qtile16(const ChunkLayout& cl, const UnitPtr* units_at_chunk0, const Quanti
       const uint8_t* planes[kU];
       for (int64_t u = 0; u < kU; ++u) {
         const uint8_t* ch = units_at_chunk0[u].chunk + c * cl.bytes;
-        const int64_t h = units_at_chunk0[u].half * V::kCols;
-        if constexpr (f.k_quant) {
-          mult[u] = V::scale_pairs(reinterpret_cast<const int8_t*>(ch + cl.sc_off) + j * kGroup + h);
-          if constexpr (f.stored_min) {
-            const F dm = V::half(reinterpret_cast<const uint16_t*>(ch + cl.dmin_off) + h);
-            mv[u] = V::mul(dm, V::from_u8(ch + cl.m_off + j * kGroup + h));
-          }
+        if constexpr (kPre) {
+          const UnitScales& us = scales[sub_index * kTileUnits + u];
+          mult[u] = f.k_quant ? us.mult : V::ones16();
+          s[u] = us.s;
+          mv[u] = us.mv;
         } else {
-          mult[u] = V::ones16();
-          s[u] = V::half(reinterpret_cast<const uint16_t*>(ch + cl.d_off) + j * kGroup + h);
-          if constexpr (f.stored_min) {
-            mv[u] = V::half(reinterpret_cast<const uint16_t*>(ch + cl.dmin_off) + j * kGroup + h);
-          }
+          UnitScales us;
+          unit_scales<kType>(cl, units_at_chunk0[u], c, j, us);
+          mult[u] = us.mult;
+          s[u] = us.s;
+          mv[u] = us.mv;
         }
         planes[u] = ch + cl.planes_off + j * cl.sub_bytes;
       }
@@ -433,8 +472,9 @@ void qtile16(const ChunkLayout& cl, const UnitPtr* units_at_chunk0, const Quanti
     }
     if constexpr (f.k_quant) {  // the super-block's integer sums, times d * da
       for (int64_t u = 0; u < kU; ++u) {
-        const uint8_t* ch = units_at_chunk0[u].chunk + c * cl.bytes;
-        const F d = V::half(reinterpret_cast<const uint16_t*>(ch + cl.d_off) + units_at_chunk0[u].half * V::kCols);
+        const F d = kPre ? scales[c * cl.subs * kTileUnits + u].s
+                                      : V::half(reinterpret_cast<const uint16_t*>(units_at_chunk0[u].chunk + c * cl.bytes + cl.d_off) +
+                                                units_at_chunk0[u].half * V::kCols);
         for (int64_t r = 0; r < kR; ++r) {
           const F da = V::set1(act.d[(row0 + r) * act.ld_d + c]);
           acc[r][u] = V::fma(V::cvt(isum[r][u]), V::mul(d, da), acc[r][u]);
@@ -464,6 +504,11 @@ inline void store_tile(const float* tile, int64_t tile_ld, int64_t rows, int64_t
   }
 }
 
+// From this many rows on, a column tile's scales are worked out once for all its row
+// tiles (below, each row tile works them out as it goes: for a few rows, storing and
+// reloading them costs more than it saves).
+constexpr int64_t kScalesOnceRows = 32;
+
 // Which tile a format runs on at this ISA level.
 template <int32_t kType>
 constexpr bool kInt16Sums = !kVnni && format_of(kType).bits != 8;
@@ -477,6 +522,8 @@ void gemm(const GemmArgs& g) {
   const int64_t tiles = (units + kTileUnits - 1) / kTileUnits;
   if (g.m == 0 || g.n == 0) return;
   radixlm::claim_parallel(tiles, [&](int64_t t, int64_t) {
+    thread_local std::vector<uint8_t> scale_bytes;  // this column tile's UnitScales, aligned
+    UnitScales* scales = nullptr;
     const int64_t u0 = t * kTileUnits, nu = std::min(kTileUnits, units - u0);
     UnitPtr ptrs[kTileUnits];
     for (int64_t u = 0; u < nu; ++u) {
@@ -485,6 +532,12 @@ void gemm(const GemmArgs& g) {
     const int64_t col0 = u0 * Vec::kCols;
     const int64_t cols = std::min(nu * Vec::kCols, g.n - col0);
     if (cols <= 0) return;  // (a padding unit past the last column)
+    if (kInt16Sums<kType> && g.m >= kScalesOnceRows) {
+      scale_bytes.resize(static_cast<size_t>(cl.chunks * cl.subs * kTileUnits) * sizeof(UnitScales) + 64);
+      scales = reinterpret_cast<UnitScales*>((reinterpret_cast<uintptr_t>(scale_bytes.data()) + 63) &
+                                             ~static_cast<uintptr_t>(63));
+      tile_scales<kType>(cl, ptrs, nu, scales);
+    }
     const int64_t row_tiles = (g.m + kTileRows - 1) / kTileRows;
     const int64_t tile_rows = (g.m + row_tiles - 1) / row_tiles;
     for (int64_t r0 = 0; r0 < g.m; r0 += tile_rows) {
@@ -494,7 +547,11 @@ void gemm(const GemmArgs& g) {
           constexpr int64_t kU = decltype(nu_c)::value, kR = decltype(nr_c)::value;
           alignas(64) float tmp[kR][kU * Vec::kCols];
           if constexpr (kInt16Sums<kType>) {
-            qtile16<kType, kR, kU>(cl, ptrs, *g.act, r0, tmp);
+            if (scales != nullptr) {
+              qtile16<kType, kR, kU, true>(cl, ptrs, scales, *g.act, r0, tmp);
+            } else {
+              qtile16<kType, kR, kU, false>(cl, ptrs, nullptr, *g.act, r0, tmp);
+            }
           } else {
             qtile<kType, kR, kU>(cl, ptrs, *g.act, r0, tmp);
           }
