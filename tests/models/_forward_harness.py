@@ -7,6 +7,7 @@ transformers implementation on the full sequences.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,6 +40,17 @@ def build_hf_model(model_type: str, seed: int = 0, **overrides: Any) -> nn.Modul
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     return perturb_weights(model)
+
+
+def build_and_load(model_type: str, overrides: dict[str, Any], path: Path) -> tuple[nn.Module, nn.Module, Any]:
+    """build_hf_model's model, saved to `path` and loaded by radixlm in float32:
+    (transformers' model, radixlm's, radixlm's config)."""
+    from radixlm.model_loader.loader import load_model
+
+    hf: Any = build_hf_model(model_type, **overrides)  # a transformers PreTrainedModel
+    hf.save_pretrained(path)
+    ours, config = load_model(str(path), torch.float32, "cpu")
+    return hf, ours, config
 
 
 @torch.no_grad()

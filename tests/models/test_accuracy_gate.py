@@ -57,13 +57,14 @@ BLOCK_FORMAT_BOUNDS = {"gguf": (0.96, 0.004),  # measured 97.2%, 0.0024
                        "q4_0": (0.70, 0.30)}  # 72.8%, 0.243
 
 
-def _text_ids(model_dir: str) -> list[int]:
+def text_ids(model_dir: str, text: str = TEXT, min_tokens: int = 512) -> list[int]:
+    """The tokens of `text` (a file) by the model's tokenizer, at least `min_tokens`."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
-    with open(TEXT) as f:
+    with open(text) as f:
         ids = tokenizer.encode(f.read()).ids
-    assert len(ids) >= 512
+    assert len(ids) >= min_tokens
     return ids
 
 
@@ -98,13 +99,13 @@ def model_dir() -> str:
 
 @pytest.fixture(scope="module")
 def fp32_logits(model_dir: str) -> torch.Tensor:
-    return teacher_forced_logits(model_dir, _text_ids(model_dir), torch.float32, "none",
+    return teacher_forced_logits(model_dir, text_ids(model_dir), torch.float32, "none",
                                  "torch_native")
 
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="the CPU has no native bfloat16")
 def test_bfloat16_passes_gate(model_dir: str, fp32_logits: torch.Tensor) -> None:
-    ids = _text_ids(model_dir)
+    ids = text_ids(model_dir)
     logits = teacher_forced_logits(model_dir, ids, torch.bfloat16, "none", "cpu_paged")
     top1, kl = agreement_and_kl(fp32_logits, logits)
     print(f"\nbfloat16: top-1 agreement {top1:.4f}, mean KL {kl:.5f} over {len(ids)} tokens")
@@ -115,7 +116,7 @@ def test_bfloat16_passes_gate(model_dir: str, fp32_logits: torch.Tensor) -> None
 def test_bf16_weights_pass_gate(model_dir: str, fp32_logits: torch.Tensor) -> None:
     """float32 arithmetic over weights rounded to bfloat16 (--quantization bf16_weights):
     what "auto" runs on CPUs without native bfloat16."""
-    ids = _text_ids(model_dir)
+    ids = text_ids(model_dir)
     logits = teacher_forced_logits(model_dir, ids, torch.float32, "bf16_weights", "cpu_paged")
     top1, kl = agreement_and_kl(fp32_logits, logits)
     print(f"\nbf16_weights: top-1 agreement {top1:.4f}, mean KL {kl:.5f} over {len(ids)} tokens")
@@ -123,7 +124,7 @@ def test_bf16_weights_pass_gate(model_dir: str, fp32_logits: torch.Tensor) -> No
 
 
 def test_int8_accuracy_stays_as_measured(model_dir: str, fp32_logits: torch.Tensor) -> None:
-    ids = _text_ids(model_dir)
+    ids = text_ids(model_dir)
     logits = teacher_forced_logits(model_dir, ids, torch.float32, "w8a8_int8", "torch_native")
     top1, kl = agreement_and_kl(fp32_logits, logits)
     print(f"\nw8a8_int8: top-1 agreement {top1:.4f}, mean KL {kl:.5f} over {len(ids)} tokens")
@@ -137,7 +138,7 @@ def test_block_formats_pass_gate(model_dir: str, fp32_logits: torch.Tensor,
     """The GGUF block-format kernels (layers/quant): "gguf" runs the default model's own
     Q4_1 file as it is (against float32 over the same values, so only the int8
     activations differ); q8_0 | q4_0 | q4_k quantize those float32 values again at load."""
-    ids = _text_ids(model_dir)
+    ids = text_ids(model_dir)
     logits = teacher_forced_logits(model_dir, ids, torch.float32, quantization, "cpu_paged")
     top1, kl = agreement_and_kl(fp32_logits, logits)
     print(f"\n{quantization}: top-1 agreement {top1:.4f}, mean KL {kl:.5f} over {len(ids)} tokens")
@@ -165,7 +166,7 @@ def test_auto_precision_follows_the_gate() -> None:
 
 def test_gate_detects_a_broken_model(model_dir: str, fp32_logits: torch.Tensor) -> None:
     """The gate can fail: float32 with every down_proj weight 25% too large does not pass."""
-    ids = _text_ids(model_dir)
+    ids = text_ids(model_dir)
     model, config = load_model(model_dir, torch.float32, "cpu")
     with torch.no_grad():
         for layer in model.model.layers:

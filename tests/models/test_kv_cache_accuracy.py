@@ -25,7 +25,7 @@ import pytest
 import torch
 from _forward_harness import PoolRunner
 from _kernels import requires_kernels
-from test_accuracy_gate import agreement_and_kl
+from test_accuracy_gate import agreement_and_kl, text_ids
 
 from radixlm.layers.prepared_weight import prepare_model
 from radixlm.model_loader.loader import load_model
@@ -38,16 +38,6 @@ CHUNK = 256
 DECODE_TAIL = 64
 MIN_AGREEMENT = 0.99
 KL_BOUND = 0.0005  # int8 measured 0.00011; fp8_e4m3 (outside the gate) 0.0081
-
-
-def _text_ids(model_dir: str) -> list[int]:
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
-    with open(TEXT) as f:
-        ids = tokenizer.encode(f.read()).ids
-    assert len(ids) >= 2000
-    return ids
 
 
 def teacher_forced_logits(model_dir: str, ids: list[int], kv_cache_dtype: str) -> torch.Tensor:
@@ -70,7 +60,7 @@ def model_dir() -> str:
 
 
 def test_int8_kv_passes_gate(model_dir: str) -> None:
-    ids = _text_ids(model_dir)
+    ids = text_ids(model_dir, TEXT, 2000)
     reference = teacher_forced_logits(model_dir, ids, "auto")
     logits = teacher_forced_logits(model_dir, ids, "int8")
     top1, kl = agreement_and_kl(reference, logits)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from _forward_harness import PoolRunner, build_hf_model, hf_logits
+from _forward_harness import PoolRunner, build_and_load, build_hf_model, hf_logits
 
 from radixlm.model_loader.loader import load_model
 
@@ -39,11 +39,7 @@ ATOL = RTOL = 1e-4
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     model_type, overrides = VARIANTS[request.param]
-    hf = build_hf_model(model_type, **overrides)
-    path = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(path)
-    ours, config = load_model(str(path), torch.float32, "cpu")
-    return hf, ours, config
+    return build_and_load(model_type, overrides, tmp_path_factory.mktemp(request.param))
 
 
 def _prompt(n: int, seed: int) -> list[int]:

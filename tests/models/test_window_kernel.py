@@ -14,11 +14,10 @@ from typing import Any
 import _scenarios as sc
 import pytest
 import torch
-from _forward_harness import PoolRunner, build_hf_model, hf_logits
+from _forward_harness import PoolRunner, build_and_load, hf_logits
 from _kernels import requires_kernels
 
 import radixlm.layers.cpu_attention as cpu_attention
-from radixlm.model_loader.loader import load_model
 
 pytestmark = requires_kernels()
 
@@ -36,11 +35,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     model_type, overrides = MODELS[request.param]
-    hf = build_hf_model(model_type, **overrides)
-    path = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(path)
-    ours, config = load_model(str(path), torch.float32, "cpu")
-    return hf, ours, config
+    return build_and_load(model_type, overrides, tmp_path_factory.mktemp(request.param))
 
 
 @pytest.fixture
@@ -83,8 +78,7 @@ def test_window_in_kernel_over_int8_pool(name: str, tmp_path, no_masked_path: No
     overrides = dict(overrides, num_hidden_layers=1)
     if "layer_types" in overrides:
         overrides["layer_types"] = ["sliding_attention"]
-    build_hf_model(model_type, **overrides).save_pretrained(tmp_path)
-    ours, config = load_model(str(tmp_path), torch.float32, "cpu")
+    _, ours, config = build_and_load(model_type, overrides, tmp_path)
     a, b = sc.prompt(134, seed=13), sc.prompt(103, seed=14)
     got = _steps(PoolRunner(ours, config, backend="cpu_paged", kv_cache_dtype="int8"), a, b)
     ref = _steps(PoolRunner(ours, config, backend="torch_native", kv_cache_dtype="int8"), a, b)
