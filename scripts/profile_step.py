@@ -123,7 +123,7 @@ def prefill(runner: PoolRunner, row: int, tokens: int, chunk: int) -> float:
 
 
 def profile_split(runner: PoolRunner, rows: list[int],
-                  run: Callable[[], object] | None = None) -> dict[str, float]:
+                  run: Callable[[], object] | None = None, table: bool = False) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -131,6 +131,8 @@ def profile_split(runner: PoolRunner, rows: list[int],
             run()
         else:
             decode_steps(runner, rows, 3)
+    if table:
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
     total = 0.0
     split: dict[str, float] = {}
     for event in prof.key_averages():
@@ -155,6 +157,8 @@ def main() -> None:
                    default=["fp32:torch_native", "fp32:cpu_paged", "bf16:cpu_paged",
                             "int8:cpu_paged"])
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--table", action="store_true",
+                   help="with --profile: print torch.profiler's table of the top ops too")
     p.add_argument("--prefill", type=int, default=0, metavar="N",
                    help="time one N-token prompt's prefill instead of decode steps")
     p.add_argument("--chunk", type=int, default=512)
@@ -198,7 +202,7 @@ def main() -> None:
         for c, (runner, rows) in built.items():
             rows = rows[: min(args.batch)]  # the smallest batch's profile
             split = profile_split(runner, rows, (lambda r=runner, q=rows: measure(r, q))
-                                  if args.prefill else None)
+                                  if args.prefill else None, args.table)
             print(c, ", ".join(f"{k} {v:.0f}%" for k, v in split.items()))
 
 
