@@ -13,7 +13,9 @@
 // Without VNNI, levels of up to 6 bits run qtile16 instead: 16-bit sums over a
 // sub-block, widened once by vpmaddwd times the integer sub-scale (see there).
 // Measured on a 2-core AVX2 EPYC (Q4_K, 16-256 rows): qtile 108-112 GMAC/s,
-// qtile16 166-193.
+// qtile16 166-193. From 32 rows on, a column tile's scales (qtile16) and, where
+// unpacking them costs more than loading bytes, its levels (kLevelsOnce) are worked
+// out once into thread-local scratch that all its row tiles read.
 
 using namespace ::radixlm::quant;  // (the body sits in radixlm::isa_<level>)
 
@@ -223,9 +225,9 @@ constexpr Format format_of(int32_t type) {
 }
 
 // One tile: rows [0, kR) of act (already offset), units [0, kU) starting at `units`.
-template <int32_t kType, int64_t kR, int64_t kU>
-void qtile(const ChunkLayout& cl, const UnitPtr* units_at_chunk0, const QuantizedRows& act,
-           int64_t row0, float (*out)[kU * Vec::kCols]) {
+template <int32_t kType, int64_t kR, int64_t kU, bool kPre>
+void qtile(const ChunkLayout& cl, const UnitPtr* units_at_chunk0, const typename Vec::I* pre,
+           const QuantizedRows& act, int64_t row0, float (*out)[kU * Vec::kCols]) {
   using V = Vec;
   constexpr Format f = format_of(kType);
   constexpr int kQuads = f.sub / 4;
@@ -276,7 +278,11 @@ void qtile(const ChunkLayout& cl, const UnitPtr* units_at_chunk0, const Quantize
       for (int q = 0; q < kQuads; ++q) {
         typename V::I w[kU];
         for (int64_t u = 0; u < kU; ++u) {
-          w[u] = levels<f.bits, f.sub>(planes[u], units_at_chunk0[u].half, q);
+          if constexpr (kPre) {
+            w[u] = pre[(sub_index * kQuads + q) * kTileUnits + u];
+          } else {
+            w[u] = levels<f.bits, f.sub>(planes[u], units_at_chunk0[u].half, q);
+          }
           if constexpr (kSigned8) w[u] = V::bxor(w[u], V::set1_i8(static_cast<int8_t>(0x80)));
         }
         for (int64_t r = 0; r < kR; ++r) {
@@ -367,9 +373,27 @@ void tile_scales(const ChunkLayout& cl, const UnitPtr* units, int64_t nu, UnitSc
   }
 }
 
-template <int32_t kType, int64_t kR, int64_t kU, bool kPre>
+// A column tile's levels, unpacked once for all its row tiles: [sub-block][quad][unit]
+// vectors of bytes, as `levels` gives them.
+template <int32_t kType>
+void tile_levels(const ChunkLayout& cl, const UnitPtr* units, int64_t nu, typename Vec::I* out) {
+  constexpr Format f = format_of(kType);
+  constexpr int kQuads = f.sub / 4;
+  for (int64_t c = 0; c < cl.chunks; ++c) {
+    for (int64_t j = 0; j < cl.subs; ++j) {
+      typename Vec::I* o = out + (c * cl.subs + j) * kQuads * kTileUnits;
+      for (int64_t u = 0; u < nu; ++u) {
+        const uint8_t* planes = units[u].chunk + c * cl.bytes + cl.planes_off + j * cl.sub_bytes;
+        for (int q = 0; q < kQuads; ++q) o[q * kTileUnits + u] = levels<f.bits, f.sub>(planes, units[u].half, q);
+      }
+    }
+  }
+}
+
+template <int32_t kType, int64_t kR, int64_t kU, bool kPre, bool kPreLevels>
 void qtile16(const ChunkLayout& cl, const UnitPtr* units_at_chunk0, const UnitScales* scales,
-             const QuantizedRows& act, int64_t row0, float (*out)[kU * Vec::kCols]) {
+             const typename Vec::I* pre, const QuantizedRows& act, int64_t row0,
+             float (*out)[kU * Vec::kCols]) {
   using V = Vec;
   using I = typename V::I;
   using F = typename V::F;
@@ -439,7 +463,13 @@ void qtile16(const ChunkLayout& cl, const UnitPtr* units_at_chunk0, const UnitSc
 #pragma GCC unroll 8
         for (int q = q0; q < q0 + kFlush; ++q) {
           I w[kU];
-          for (int64_t u = 0; u < kU; ++u) w[u] = levels<f.bits, f.sub>(planes[u], units_at_chunk0[u].half, q);
+          for (int64_t u = 0; u < kU; ++u) {
+            if constexpr (kPreLevels) {
+              w[u] = pre[(sub_index * kQuads + q) * kTileUnits + u];
+            } else {
+              w[u] = levels<f.bits, f.sub>(planes[u], units_at_chunk0[u].half, q);
+            }
+          }
           for (int64_t r = 0; r < kR; ++r) {
             int32_t a4;
             std::memcpy(&a4, aq + r * act.ld_q + q * 4, 4);
@@ -512,6 +542,22 @@ inline void store_tile(const float* tile, int64_t tile_ld, int64_t rows, int64_t
 // tiles (below, each row tile works them out as it goes: for a few rows, storing and
 // reloading them costs more than it saves).
 constexpr int64_t kScalesOnceRows = 32;
+// And its levels are unpacked once into bytes (tile_levels) that every row tile loads
+// as they are, for the formats whose unpacking costs more than that load: 2, 3, 5 and
+// 6 bits, and 4 bits without VNNI (where the tile's products cost more). Measured at
+// 512 rows (2-core AMD EPYC with AVX-512 VNNI, RADIXLM_ISA capping it; G multiply-adds
+// a second, inline -> once): avx2 Q4_K 208 -> 223, Q6_K 126 -> 153; avx512 Q4_K
+// 229 -> 241, Q6_K 155 -> 185; avx512bf16 Q6_K 210 -> 221, Q5_K 203 -> 239, Q3_K
+// 211 -> 229, but Q4_K 245 -> 237, Q4_0 288 -> 282, Q8_0 290 -> 268.
+template <int32_t kType>
+constexpr bool kLevelsOnce = format_of(kType).bits != 8 && (format_of(kType).bits != 4 || !kVnni);
+constexpr int64_t kLevelsOnceRows = 32;
+
+// buf resized to hold `bytes` from a 64-byte aligned start, which it returns.
+inline uint8_t* aligned_scratch(std::vector<uint8_t>& buf, int64_t bytes) {
+  buf.resize(static_cast<size_t>(bytes) + 64);
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~static_cast<uintptr_t>(63));
+}
 
 // Which tile a format runs on at this ISA level.
 template <int32_t kType>
@@ -526,8 +572,10 @@ void gemm(const GemmArgs& g) {
   const int64_t tiles = (units + kTileUnits - 1) / kTileUnits;
   if (g.m == 0 || g.n == 0) return;
   radixlm::claim_parallel(tiles, [&](int64_t t, int64_t) {
-    thread_local std::vector<uint8_t> scale_bytes;  // this column tile's UnitScales, aligned
+    // this column tile's UnitScales and unpacked levels, 64-byte aligned
+    thread_local std::vector<uint8_t> scale_bytes, level_bytes;
     UnitScales* scales = nullptr;
+    typename Vec::I* pre = nullptr;
     const int64_t u0 = t * kTileUnits, nu = std::min(kTileUnits, units - u0);
     UnitPtr ptrs[kTileUnits];
     for (int64_t u = 0; u < nu; ++u) {
@@ -537,10 +585,14 @@ void gemm(const GemmArgs& g) {
     const int64_t cols = std::min(nu * Vec::kCols, g.n - col0);
     if (cols <= 0) return;  // (a padding unit past the last column)
     if (kInt16Sums<kType> && g.m >= kScalesOnceRows) {
-      scale_bytes.resize(static_cast<size_t>(cl.chunks * cl.subs * kTileUnits) * sizeof(UnitScales) + 64);
-      scales = reinterpret_cast<UnitScales*>((reinterpret_cast<uintptr_t>(scale_bytes.data()) + 63) &
-                                             ~static_cast<uintptr_t>(63));
+      scales = reinterpret_cast<UnitScales*>(
+          aligned_scratch(scale_bytes, cl.chunks * cl.subs * kTileUnits * sizeof(UnitScales)));
       tile_scales<kType>(cl, ptrs, nu, scales);
+    }
+    if (kLevelsOnce<kType> && g.m >= kLevelsOnceRows) {
+      pre = reinterpret_cast<typename Vec::I*>(
+          aligned_scratch(level_bytes, g.k / 4 * kTileUnits * sizeof(typename Vec::I)));
+      tile_levels<kType>(cl, ptrs, nu, pre);
     }
     const int64_t row_tiles = (g.m + kTileRows - 1) / kTileRows;
     const int64_t tile_rows = (g.m + row_tiles - 1) / row_tiles;
@@ -551,13 +603,19 @@ void gemm(const GemmArgs& g) {
           constexpr int64_t kU = decltype(nu_c)::value, kR = decltype(nr_c)::value;
           alignas(64) float tmp[kR][kU * Vec::kCols];
           if constexpr (kInt16Sums<kType>) {
-            if (scales != nullptr) {
-              qtile16<kType, kR, kU, true>(cl, ptrs, scales, *g.act, r0, tmp);
+            if (scales != nullptr && pre != nullptr) {
+              qtile16<kType, kR, kU, true, true>(cl, ptrs, scales, pre, *g.act, r0, tmp);
+            } else if (scales != nullptr) {
+              qtile16<kType, kR, kU, true, false>(cl, ptrs, scales, nullptr, *g.act, r0, tmp);
+            } else if (pre != nullptr) {
+              qtile16<kType, kR, kU, false, true>(cl, ptrs, nullptr, pre, *g.act, r0, tmp);
             } else {
-              qtile16<kType, kR, kU, false>(cl, ptrs, nullptr, *g.act, r0, tmp);
+              qtile16<kType, kR, kU, false, false>(cl, ptrs, nullptr, nullptr, *g.act, r0, tmp);
             }
+          } else if (pre != nullptr) {
+            qtile<kType, kR, kU, true>(cl, ptrs, pre, *g.act, r0, tmp);
           } else {
-            qtile<kType, kR, kU>(cl, ptrs, *g.act, r0, tmp);
+            qtile<kType, kR, kU, false>(cl, ptrs, nullptr, *g.act, r0, tmp);
           }
           store_tile(&tmp[0][0], kU * Vec::kCols, nr, cols, g, r0, col0);
         });
