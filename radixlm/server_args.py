@@ -59,11 +59,12 @@ class ServerArgs:
     mem_fraction: float = _opt(0.1, "Fraction of free memory given to the KV pool when "
                                "--max-total-tokens is unset.")
     kv_cache_dtype: str = _opt(
-        "auto", "How the KV cache stores K and V: auto (the model's dtype) | int8 (a scale "
+        "auto", "How the KV cache stores K and V: auto (the model's dtype) | bfloat16 "
+        "(bf16: half of float32's memory for a float32 model) | int8 (a scale "
         "per token and head: ~2x the tokens of bfloat16 in the same memory, within the "
         "accuracy gate) | fp8_e4m3 | fp8_e5m2 (SGLang's names; unscaled, below the "
         "accuracy gate on small models: docs/kv-cache.md).",
-        choices=["auto", "int8", "fp8_e4m3", "fp8_e5m2"])
+        choices=["auto", "bfloat16", "bf16", "int8", "fp8_e4m3", "fp8_e5m2"])
     max_running_requests: int = _opt(64, "Most requests decoding at once.")
     max_queued_requests: int | None = _opt(None, "Most requests waiting to run; past it a "
                                            "new request gets a 503 (unset: no limit).")

@@ -13,8 +13,9 @@ tokenizer; `--tokens` keeps the first N), one prompt, teacher-forced:
   a time (llama.cpp against itself: how many top-1 choices are near-ties that rounding
   decides);
 - radixlm's logits, the file's blocks through the quantized kernels (chunks of 96,
-  the C++ layer stack) and, for comparison, its float32 path over the same weights
-  dequantized (`--quantization none`);
+  the C++ layer stack) with a float32 and a bfloat16 KV cache (`--kv-cache-dtype
+  bfloat16`) and, for comparison, its float32 path over the same weights dequantized
+  (`--quantization none`);
 
 printing top-1 agreement, the mean KL(llama.cpp || radixlm) over the whole vocabulary
 (nats per position), and the agreement on positions where llama.cpp's top two logits
@@ -91,12 +92,14 @@ def llama_logits(model: str, ids: list[int], batch: int, kv: str = "f16") -> tor
         return torch.from_numpy(np.load(out))
 
 
-def radixlm_logits(path: str, ids: list[int], quantization: str) -> torch.Tensor:
+def radixlm_logits(path: str, ids: list[int], quantization: str,
+                   kv_cache_dtype: str = "auto") -> torch.Tensor:
     model, config = load_model(resolve_model_dir(path), torch.float32, "cpu",
                                keep_quantized=quantization == "gguf")
     prepare_model(model, quantization)
     runner = PoolRunner(model, config, num_slots=len(ids) + 8, max_requests=1,
-                        max_context=len(ids) + 8, backend="cpu_paged")
+                        max_context=len(ids) + 8, backend="cpu_paged",
+                        kv_cache_dtype=kv_cache_dtype)
     row = runner.new_request()
     parts = [runner.step([(row, ids[i : i + 96])])[0] for i in range(0, len(ids), 96)]
     return torch.cat(parts).float()
@@ -138,6 +141,8 @@ def main() -> None:
             print(f"  llama.cpp one token at a time: {compare(ref, llama_logits(path, ids, 1, args.llama_kv))}")
             print(f"  radixlm quantized kernels:     "
                   f"{compare(ref, radixlm_logits(path, ids, 'gguf'))}")
+            print(f"  radixlm quantized, bf16 KV:    "
+                  f"{compare(ref, radixlm_logits(path, ids, 'gguf', 'bfloat16'))}")
             print(f"  radixlm float32 (dequantized): "
                   f"{compare(ref, radixlm_logits(path, ids, 'none'))}", flush=True)
 

@@ -265,9 +265,13 @@ void attend_block(const qT* q, int64_t q_row_stride, qT* out, const KvRows<kvT>&
                   float scale, int64_t window, BlockScratch& s) {
   static_assert(kD % kVec == 0, "the blocked kernel needs a head dim of whole vectors");
   // bf16 queries and K/V (bf16, or quantized and converted to bf16 as a block is
-  // packed) on a CPU with bf16 dot products: the pairs path.
-  constexpr bool kPairs = kHasBf16Dot && std::is_same_v<qT, c10::BFloat16> &&
-                          (std::is_same_v<kvT, c10::BFloat16> || kQuantized<kvT>);
+  // packed), or float queries over K/V stored in bf16 (--kv-cache-dtype bfloat16: the
+  // queries rounded to bf16, as llama.cpp rounds them to its KV cache's f16) on a CPU
+  // with bf16 dot products: the pairs path.
+  constexpr bool kPairs =
+      kHasBf16Dot &&
+      ((std::is_same_v<qT, c10::BFloat16> && (std::is_same_v<kvT, c10::BFloat16> || kQuantized<kvT>)) ||
+       (std::is_same_v<qT, float> && std::is_same_v<kvT, c10::BFloat16>));
   // Score rows at a time: as many as keep the accumulators in registers. AVX-512
   // (32 registers) at head dim 64: 6 rows x 4 vectors of scores or values and 4 of
   // the key or value block's (bf16 pairs: 4 rows). AVX2 (16 registers of 8 floats,
@@ -303,8 +307,11 @@ void attend_block(const qT* q, int64_t q_row_stride, qT* out, const KvRows<kvT>&
         rotate_rows<kvT>(rotated, 1, kD);
         auto* dst = reinterpret_cast<uint16_t*>(s.q2.data() + r * kD / 2);
         for (int64_t d = 0; d < kD; ++d) dst[d] = c10::BFloat16(rotated[d]).x;
-      } else if constexpr (kPairs) {
+      } else if constexpr (kPairs && std::is_same_v<qT, c10::BFloat16>) {
         std::memcpy(s.q2.data() + r * kD / 2, src, kD * sizeof(qT));
+      } else if constexpr (kPairs) {
+        auto* dst = reinterpret_cast<uint16_t*>(s.q2.data() + r * kD / 2);
+        for (int64_t d = 0; d < kD; ++d) dst[d] = c10::BFloat16(to_float(src[d])).x;
       } else {
         for (int64_t d = 0; d < kD; ++d) s.qf[r * kD + d] = to_float(src[d]) * scale;
       }

@@ -1,9 +1,14 @@
-"""How the KV pool stores K and V: `--kv-cache-dtype auto | int8 | fp8_e4m3 | fp8_e5m2`.
+"""How the KV pool stores K and V: `--kv-cache-dtype auto | bfloat16 | int8 | fp8_e4m3 |
+fp8_e5m2`.
 
 The model writes K and V in its compute dtype (`KVFormat.dtype`) and attention reads
 them back in it; the pool stores each (slot, KV head) row of head_dim values as:
 
 - auto: the compute dtype itself (float32, bfloat16 or float16);
+- bfloat16 (or bf16): head_dim bfloat16 values, rounded to nearest even: half of
+  float32's bytes for a float32 model (a bf16 model's auto); on a CPU with bf16 dot
+  products the flash attention of prefill chunks then runs in them (vdpbf16ps: the
+  queries and probabilities rounded to bf16 too, csrc/attention_flash_body.h);
 - int8: blocks of B = gcd(head_dim, 32) values (32 for the usual head dims), each
   rotated by the B-point Hadamard transform (x -> H x, H orthonormal and symmetric,
   so H H = I) and quantized with its own scale: s = fp16(max |H x| / 127),
@@ -31,7 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "int8", "fp8_e4m3", "fp8_e5m2")
+_ALIASES = {"bf16": "bfloat16"}  # SGLang's other name for it
 
 _INT8_MAX = 127.0
 _MAX_BLOCK = 32
@@ -73,8 +79,11 @@ class KVFormat:
 
 def kv_format(kv_cache_dtype: str, dtype: torch.dtype, head_dim: int) -> KVFormat:
     """The format `--kv-cache-dtype kv_cache_dtype` gives a model computing in `dtype`."""
+    kv_cache_dtype = _ALIASES.get(kv_cache_dtype, kv_cache_dtype)
     if kv_cache_dtype == "auto":
         return KVFormat(str(dtype).removeprefix("torch."), dtype, dtype, head_dim, head_dim)
+    if kv_cache_dtype == "bfloat16":  # stored rounded to bf16 (as auto for a bf16 model)
+        return KVFormat("bfloat16", dtype, torch.bfloat16, head_dim, head_dim)
     if kv_cache_dtype == "int8":
         return KVFormat("int8", dtype, torch.int8, head_dim, int8_row_width(head_dim))
     if kv_cache_dtype in _FP8:

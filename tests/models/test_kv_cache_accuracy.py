@@ -1,5 +1,5 @@
-"""Accuracy gate for --kv-cache-dtype int8: the default model with an int8 KV pool
-against the same model with today's KV (auto), teacher-forced over a 2,093-token text
+"""Accuracy gate for --kv-cache-dtype int8 (and bfloat16): the default model with an
+int8 KV pool against the same model with today's KV (auto), teacher-forced over a 2,093-token text
 (tests/models/data/long_text.txt): chunks of 256 through the C++ paged kernels (every
 chunk after the first attends over the quantized prefix on the flash path), then the
 last 64 tokens one at a time (the decode path). The top-1 next token must agree at
@@ -12,6 +12,7 @@ Measured on the AVX-512 machine (torch 2.13, float32 compute; docs/kv-cache.md):
 | int8      | 99.04%                    | 0.00011        |
 | fp8_e4m3  | 93.93%                    | 0.0081         |
 | fp8_e5m2  | 89.39%                    | 0.031          |
+| bfloat16  | 99.24%                    | 0.00005        |
 
 float32 compute, so that the KV format is the only difference (in bfloat16 the two
 runs also differ by bfloat16's own rounding: docs/kv-cache.md gives those figures).
@@ -66,3 +67,17 @@ def test_int8_kv_passes_gate(model_dir: str) -> None:
     top1, kl = agreement_and_kl(reference, logits)
     print(f"\nint8 KV: top-1 agreement {top1:.4f}, mean KL {kl:.5f} over {len(ids)} tokens")
     assert top1 >= MIN_AGREEMENT and kl < KL_BOUND, (top1, kl)
+
+
+def test_bf16_kv_passes_gate(model_dir: str) -> None:
+    """--kv-cache-dtype bfloat16 under a float32 model (K/V rounded to bf16; at
+    avx512bf16 the prefill chunks' flash attention also rounds the queries and
+    probabilities, for the CPU's bf16 dot products). Measured 99.24% top-1 and mean KL
+    0.00005 (avx512bf16) / 0.00003 (avx2): int8's gate, with 99.24% this close to 99%
+    given half a point."""
+    ids = text_ids(model_dir, TEXT, 2000)
+    reference = teacher_forced_logits(model_dir, ids, "auto")
+    logits = teacher_forced_logits(model_dir, ids, "bfloat16")
+    top1, kl = agreement_and_kl(reference, logits)
+    print(f"\nbf16 KV: top-1 agreement {top1:.4f}, mean KL {kl:.5f} over {len(ids)} tokens")
+    assert top1 >= MIN_AGREEMENT - 0.005 and kl < KL_BOUND, (top1, kl)
