@@ -6,9 +6,10 @@
 #   bash scripts/bench_gguf_start.sh FILE.gguf [out_dir] [engine ...]
 #
 # engines (default: radixlm llama):
-#   radixlm  the file with radixlm's defaults (its block formats on the CPU); the first start
-#            runs with an empty RADIXLM_CACHE_DIR (out_dir/cache), so it includes the folder's
-#            conversion (config and tokenizer).
+#   radixlm  the file with radixlm's defaults (its block formats on the CPU) and any flags in
+#            RADIXLM_ARGS (e.g. "--kv-cache-dtype bfloat16"); the first start runs with an
+#            empty RADIXLM_CACHE_DIR (out_dir/cache), so it includes the folder's conversion
+#            (config and tokenizer).
 #   llama    llama.cpp's server from ~/peer-llama (../shared/peers/README.md), 2 threads.
 #   vllm     vLLM-CPU from ~/peer-vllm on a float Hugging Face folder of the same weights
 #            (FLOAT_DIR, default FILE without .gguf + "-hf-float32"; written first by
@@ -93,8 +94,9 @@ for engine in $ENGINES; do
   case $engine in
     radixlm)
       rm -rf "$OUT/cache"
+      # shellcheck disable=SC2206  # RADIXLM_ARGS: extra flags, split on spaces
       cmd=(env RADIXLM_CACHE_DIR="$OUT/cache" .venv/bin/radixlm serve --model-path "$FILE"
-           --host 127.0.0.1 --port $PORT) ;;
+           --host 127.0.0.1 --port $PORT ${RADIXLM_ARGS:-}) ;;
     llama)
       [ -x "$HOME/peer-llama/bin/python" ] || { echo "skip llama: no ~/peer-llama"; continue; }
       cmd=("$HOME/peer-llama/bin/python" -m llama_cpp.server --model "$FILE" --host 127.0.0.1
@@ -143,7 +145,7 @@ for engine in $ENGINES; do
   stop
   $PY - "$OUT" "$label" "$engine" "$FILE" "$start_s" "$(cat "$OUT/.rss-after-c1")" "$(cat "$OUT/.rss-after-2k")" \
       "$(git rev-parse --short HEAD)" "$OUTPUT_LEN" "$lines0" "$plines0" <<'PYEOF'
-import json, statistics, sys, time
+import json, os, statistics, sys, time
 out, label, engine, file, start_s, rss1, rss2, commit, olen, l0, p0 = sys.argv[1:]
 def runs(name, lab):  # this invocation's runs: the lines after those the file had before
     with open(f"{out}/{name}") as f:
@@ -155,7 +157,9 @@ def med(rs, key, sub=None, scale=1.0):
 c1, c16, pre = runs("runs.jsonl", f"{label}-c1"), runs("runs.jsonl", f"{label}-c16"), \
     runs("prefill.jsonl", f"{label}-2k")
 row = {"engine": engine, "file": file, "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-       "radixlm_commit": commit if engine == "radixlm" else None, "output_len": int(olen),
+       "radixlm_commit": commit if engine == "radixlm" else None,
+       "radixlm_args": os.environ.get("RADIXLM_ARGS", "") if engine == "radixlm" else None,
+       "output_len": int(olen),
        "start_s": round(float(start_s), 1), "rss_mb_c1": int(rss1), "rss_mb_after_2k": int(rss2),
        "c1_tok_s": med(c1, "output_throughput"),
        "c1_tpot_p50_ms": med(c1, "tpot", "p50", 1e3), "c16_tok_s": med(c16, "output_throughput"),
