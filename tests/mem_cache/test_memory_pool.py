@@ -114,6 +114,22 @@ def test_kv_buffers() -> None:
 def test_bytes_per_token() -> None:
     assert TokenToKVPool.bytes_per_token(30, 3, 64, torch.float32) == 2 * 30 * 3 * 64 * 4
     assert TokenToKVPool.bytes_per_token(2, 1, 8, torch.bfloat16) == 2 * 2 * 8 * 2
+    for name in ("bfloat16", "bf16"):  # half of float32's, as a bf16 run's auto
+        assert TokenToKVPool.bytes_per_token(30, 3, 64, torch.float32, name) == 2 * 30 * 3 * 64 * 2
+
+
+def test_bf16_pool_under_a_float32_run() -> None:
+    """--kv-cache-dtype bf16 with float32 compute: stored rounded to bf16, read back as
+    float32, named bfloat16 (the disk tier's namespace: the bytes a bf16 run's auto
+    stores), 2x the tokens of auto in the same memory."""
+    pool = TokenToKVPool(8, 2, 2, 4, torch.float32, "cpu", kv_cache_dtype="bf16")
+    assert pool.kv_cache_dtype == "bfloat16" and pool.tokens_vs_auto() == 2.0
+    loc = torch.tensor([3, 1])
+    new_k, new_v = torch.randn(2, 2, 4), torch.randn(2, 2, 4)
+    pool.set_kv_buffer(0, loc, new_k, new_v)
+    k, v = pool.get_kv_buffer(0)
+    assert k.dtype == torch.bfloat16
+    assert torch.equal(k[loc], new_k.to(torch.bfloat16)) and torch.equal(v[loc], new_v.to(torch.bfloat16))
 
 
 def test_many_small_frees_stay_consistent() -> None:
