@@ -28,19 +28,26 @@ struct AttnTask {
 // row), since claim_parallel starts each thread on one contiguous range.
 inline bool has_block_kernel(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
-inline std::vector<AttnTask> attention_tasks(int64_t batch, int64_t num_kv_heads,
+// A task's query rows: kQBlock, or more where the KV head serves fewer query heads,
+// so that each key block (converted once per task) serves kScoreRows score rows.
+inline int64_t task_query_rows(int64_t group) {
+  return std::max<int64_t>(kQBlock, kScoreRows / std::max<int64_t>(group, 1));
+}
+
+inline std::vector<AttnTask> attention_tasks(int64_t batch, int64_t num_kv_heads, int64_t group,
                                              int64_t head_dim, const int64_t* qlens) {
+  const int64_t q_block = task_query_rows(group);
   std::vector<AttnTask> tasks;
   for (int64_t b = 0; b < batch; ++b) {
     if (qlens[b] <= kRowwiseMaxRows || !has_block_kernel(head_dim)) {
       for (int64_t h = 0; h < num_kv_heads; ++h) tasks.push_back({b, h, 0, 0});
       continue;
     }
-    const int64_t blocks = (qlens[b] + kQBlock - 1) / kQBlock;
+    const int64_t blocks = (qlens[b] + q_block - 1) / q_block;
     const auto add = [&](int64_t blk) {
-      const int64_t row0 = blk * kQBlock;
+      const int64_t row0 = blk * q_block;
       for (int64_t h = 0; h < num_kv_heads; ++h) {
-        tasks.push_back({b, h, row0, std::min(kQBlock, qlens[b] - row0)});
+        tasks.push_back({b, h, row0, std::min(q_block, qlens[b] - row0)});
       }
     };
     for (int64_t lo = 0, hi = blocks - 1; lo <= hi; ++lo, --hi) {
@@ -59,7 +66,8 @@ void paged_attention_typed(const PagedAttentionArgs& a) {
   const auto* k_ptr = static_cast<const kvT*>(a.k_buf);
   const auto* v_ptr = static_cast<const kvT*>(a.v_buf);
   const int64_t *rows = a.req_rows, *lens = a.seq_lens, *starts = a.q_starts, *qlens = a.q_lens;
-  const std::vector<AttnTask> tasks = attention_tasks(a.batch, a.num_kv_heads, head_dim, qlens);
+  const std::vector<AttnTask> tasks =
+      attention_tasks(a.batch, a.num_kv_heads, a.num_heads / a.num_kv_heads, head_dim, qlens);
   const auto attend = head_dim == 64    ? &attend_group_vec<64, qT, kvT>
                       : head_dim == 128 ? &attend_group_vec<128, qT, kvT>
                                         : &attend_group<qT, kvT>;

@@ -111,6 +111,23 @@ def test_kernel_reads_every_format(kv_dtype: str, dtype: torch.dtype, scenario: 
     torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_one_query_head_per_kv_head(dtype: torch.dtype, isa_level: str) -> None:
+    """Without grouping (H = HKV, as SmolLM2-1.7B), a task takes 4x the query rows of a
+    grouped one (attention_body.h: each key block serves 256 score rows): rows past a
+    block of 64, ragged last tasks."""
+    torch.manual_seed(3)
+    k_buf, v_buf = _stored_pool("auto", 64, dtype)
+    for scenario in ("long-mixed", "long-fresh"):
+        prefix_lens, extend_lens = SCENARIOS[scenario]
+        lay = _layout(prefix_lens, extend_lens)
+        q = torch.randn(sum(extend_lens), HKV, 64).to(dtype)
+        out = _run(q, k_buf, v_buf, lay, 0.125, 0)
+        ref = _reference(q, k_buf, v_buf, lay, 0.125, 0)
+        tol = _tolerance(dtype, "auto", isa_level)
+        torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol, msg=scenario)
+
+
 @pytest.mark.parametrize("kv_dtype", ["auto", "bfloat16", "int8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("window", [1, 7, 64, 100, 4096])
