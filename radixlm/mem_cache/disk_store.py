@@ -244,8 +244,15 @@ class DiskStore:
             return False
         except (BlockFileError, OSError) as e:
             logger.warning("KV disk tier: skipping damaged block file %s: %s", entry.path, e)
-            self._forget(meta.key, entry, damaged=True)
-            _unlink_all([entry.path])
+            # Deleted while still indexed (put() queues no rewrite of an indexed key), both
+            # under the lock: deleting after forgetting it could delete the file that a
+            # rewrite of the same key had just put at the same path.
+            with self._lock:
+                self.counters["damaged_blocks"] += 1
+                if self._index.get(meta.key) == entry:
+                    del self._index[meta.key]
+                    self._num_bytes -= entry.size
+                    _unlink_all([entry.path])
             return False
         with self._lock:  # several reader threads count here
             self.counters["read_blocks"] += 1
@@ -256,9 +263,8 @@ class DiskStore:
             pass
         return True
 
-    def _forget(self, key: bytes, entry: _Entry, damaged: bool = False) -> None:
+    def _forget(self, key: bytes, entry: _Entry) -> None:
         with self._lock:
-            self.counters["damaged_blocks"] += damaged
             if self._index.get(key) == entry:
                 del self._index[key]
                 self._num_bytes -= entry.size
@@ -298,18 +304,23 @@ class DiskStore:
     def check_integrity(self) -> None:
         """Raise AssertionError on a broken invariant (see the module docstring)."""
         with self._lock:
-            entries = list(self._index.values())
+            items = list(self._index.items())
+            entries = [e for _, e in items]
             pending = list(self._pending.values())
             num_bytes, num_pending_bytes = self._num_bytes, self._num_pending_bytes
         assert sum(e.size for e in entries) == num_bytes, "disk tier byte count is off"
         assert num_bytes <= self.max_bytes, f"disk tier holds {num_bytes} > {self.max_bytes}"
         assert sum(p.num_bytes for p in pending) == num_pending_bytes, "pending bytes off"
         assert len({e.path for e in entries}) == len(entries), "two blocks share a file"
-        for entry in entries[-_NUM_CHECKED_FILES:]:
+        for key, entry in items[-_NUM_CHECKED_FILES:]:
             try:
                 size = os.stat(entry.path).st_size
             except FileNotFoundError:
-                raise AssertionError(f"disk tier file {entry.path} is missing") from None
+                with self._lock:  # evicted or dropped as damaged since the snapshot: fine
+                    still_indexed = self._index.get(key) == entry
+                if still_indexed:
+                    raise AssertionError(f"disk tier file {entry.path} is missing") from None
+                continue
             assert size == entry.size, f"disk tier file {entry.path} changed size"
 
     def stats(self) -> dict[str, Any]:
