@@ -542,7 +542,7 @@ inline void store_tile(const float* tile, int64_t tile_ld, int64_t rows, int64_t
 // tiles (below, each row tile works them out as it goes: for a few rows, storing and
 // reloading them costs more than it saves).
 constexpr int64_t kScalesOnceRows = 32;
-// And its levels are unpacked once into bytes (tile_levels) that every row tile loads
+// From as many rows, its levels are unpacked once into bytes (tile_levels) that every row tile loads
 // as they are, for the formats whose unpacking costs more than that load: 2, 3, 5 and
 // 6 bits, and 4 bits without VNNI (where the tile's products cost more). Measured at
 // 512 rows (2-core AMD EPYC with AVX-512 VNNI, RADIXLM_ISA capping it; G multiply-adds
@@ -551,7 +551,6 @@ constexpr int64_t kScalesOnceRows = 32;
 // 211 -> 229, but Q4_K 245 -> 237, Q4_0 288 -> 282, Q8_0 290 -> 268.
 template <int32_t kType>
 constexpr bool kLevelsOnce = format_of(kType).bits != 8 && (format_of(kType).bits != 4 || !kVnni);
-constexpr int64_t kLevelsOnceRows = 32;
 
 // buf resized to hold `bytes` from a 64-byte aligned start, which it returns.
 inline uint8_t* aligned_scratch(std::vector<uint8_t>& buf, int64_t bytes) {
@@ -589,7 +588,7 @@ void gemm(const GemmArgs& g) {
           aligned_scratch(scale_bytes, cl.chunks * cl.subs * kTileUnits * sizeof(UnitScales)));
       tile_scales<kType>(cl, ptrs, nu, scales);
     }
-    if (kLevelsOnce<kType> && g.m >= kLevelsOnceRows) {
+    if (kLevelsOnce<kType> && g.m >= kScalesOnceRows) {
       pre = reinterpret_cast<typename Vec::I*>(
           aligned_scratch(level_bytes, g.k / 4 * kTileUnits * sizeof(typename Vec::I)));
       tile_levels<kType>(cl, ptrs, nu, pre);
@@ -607,9 +606,7 @@ void gemm(const GemmArgs& g) {
               qtile16<kType, kR, kU, true, true>(cl, ptrs, scales, pre, *g.act, r0, tmp);
             } else if (scales != nullptr) {
               qtile16<kType, kR, kU, true, false>(cl, ptrs, scales, nullptr, *g.act, r0, tmp);
-            } else if (pre != nullptr) {
-              qtile16<kType, kR, kU, false, true>(cl, ptrs, nullptr, pre, *g.act, r0, tmp);
-            } else {
+            } else {  // (levels once come only with scales once: the same row count)
               qtile16<kType, kR, kU, false, false>(cl, ptrs, nullptr, nullptr, *g.act, r0, tmp);
             }
           } else if (pre != nullptr) {
