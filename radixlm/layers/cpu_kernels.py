@@ -195,7 +195,8 @@ def load_cpu_kernels() -> str | None:
         logger.warning("CPU kernels unavailable (%s: %s); using torch-native paths",
                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return None
-    logger.info("CPU kernels: ISA level %s of %s (%s: %s)", kernel_isa(),
+    logger.info("CPU kernels: ISA level %s%s of %s (%s: %s)", kernel_isa(),
+                " with AMX tiles (quantized weights from 16 rows)" if kernel_amx() else "",
                 "/".join(torch.ops.radixlm.supported_isas()), origin, path)
     return path
 
@@ -207,6 +208,16 @@ def kernel_isa() -> str | None:
         return str(torch.ops.radixlm.isa())
     except (AttributeError, RuntimeError):
         return None
+
+
+def kernel_amx() -> bool:
+    """Whether the quantized matmul runs batches of 16 rows and more on AMX tiles
+    (csrc/quant/quant_gemm_amx.cpp: a CPU with AMX-INT8 at the avx512bf16 level;
+    RADIXLM_AMX=0 turns it off)."""
+    try:
+        return bool(torch.ops.radixlm.amx())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def prepare_cpu_kernels(device: str) -> None:
@@ -234,7 +245,8 @@ def main() -> None:
     path = load_cpu_kernels()
     if path is None:
         sys.exit("radixlm CPU kernels could not be had (see the warning above)")
-    print(f"radixlm CPU kernels ready: {path} (ISA level {kernel_isa()})")
+    print(f"radixlm CPU kernels ready: {path} (ISA level {kernel_isa()}"
+          f"{', AMX tiles' if kernel_amx() else ''})")
 
 
 if __name__ == "__main__":

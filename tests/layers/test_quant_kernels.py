@@ -27,15 +27,28 @@ FORMATS = list(FP16_FIELDS)
 
 
 def _isas() -> list[str]:
-    return list(torch.ops.radixlm.supported_isas()) if load_cpu_kernels() is not None else []
+    """Every ISA level the CPU has; where it has AMX (which runs 16 rows and more at
+    avx512bf16), avx512bf16 once more without it, so the VNNI tiles run those too."""
+    if load_cpu_kernels() is None:
+        return []
+    levels = list(torch.ops.radixlm.supported_isas())
+    return levels + (["avx512bf16-noamx"] if torch.ops.radixlm.amx_supported() else [])
 
 
 @pytest.fixture(params=_isas())
 def isa(request: pytest.FixtureRequest) -> Iterator[str]:
-    before = torch.ops.radixlm.isa()
-    torch.ops.radixlm.set_isa(request.param)
-    yield request.param
-    torch.ops.radixlm.set_isa(before)
+    ops = torch.ops.radixlm
+    before, amx_before = ops.isa(), ops.amx_supported() and ops.amx()
+    level, _, mode = str(request.param).partition("-")
+    ops.set_isa(level)
+    if ops.amx_supported():
+        ops.set_amx(mode != "noamx")
+    try:
+        yield request.param
+    finally:
+        ops.set_isa(before)
+        if ops.amx_supported():
+            ops.set_amx(amx_before)
 
 
 def random_rows(name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -130,8 +143,9 @@ def test_q_linear_matches_llama_cpp_arithmetic(name: str, isa: str) -> None:
     bias = torch.randn(n)
     gen = torch.Generator().manual_seed(2)
     # 37 rows: past the row count from which a column tile's scales and levels are
-    # worked out once for all its row tiles (quant_gemm_body.h), with a ragged last tile
-    for m in (0, 1, 4, 9, 37):
+    # worked out once for all its row tiles (quant_gemm_body.h), with a ragged last tile;
+    # with AMX two tiles of 16 rows and a ragged one (quant_gemm_amx.cpp), 16 exactly one
+    for m in (0, 1, 4, 9, 16, 37):
         x = torch.randn(m, k, generator=gen)
         out = torch.ops.radixlm.q_linear(x, blob, bias)
         assert out.shape == (m, n) and out.dtype == torch.float32
@@ -159,6 +173,32 @@ def test_segments_bf16_inputs_and_strided_rows(isa: str) -> None:
     out32 = torch.ops.radixlm.q_linear(x, blob, None, True)
     assert out32.dtype == torch.float32
     np.testing.assert_allclose(out32.double().numpy(), ref, rtol=0, atol=2e-6 * np.abs(ref).max())
+
+
+def test_amx_switch() -> None:
+    """AMX runs only where the CPU has it and at the avx512bf16 level; turning it on
+    where it is missing is refused."""
+    ops = torch.ops.radixlm
+    before, amx_before = ops.isa(), ops.amx()
+    try:
+        if not ops.amx_supported():
+            assert not ops.amx()
+            with pytest.raises(RuntimeError, match="no AMX"):
+                ops.set_amx(True)
+            ops.set_amx(False)  # turning it off is always allowed
+            return
+        ops.set_amx(True)
+        ops.set_isa("avx512bf16")
+        assert ops.amx()
+        ops.set_isa("avx512")
+        assert not ops.amx()
+        ops.set_isa("avx512bf16")
+        ops.set_amx(False)
+        assert not ops.amx()
+    finally:
+        ops.set_isa(before)
+        if ops.amx_supported():
+            ops.set_amx(amx_before)
 
 
 def test_bad_inputs_are_refused() -> None:

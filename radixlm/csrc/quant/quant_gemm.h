@@ -37,6 +37,13 @@ struct GemmArgs {
 bool gemm_legacy(int32_t type, const GemmArgs& args);
 bool gemm_k(int32_t type, const GemmArgs& args);
 
+// The AMX tiles (quant_gemm_amx.cpp) from this many rows on; false where they do not
+// run (fewer rows, no AMX, an ISA level below avx512bf16, or turned off).
+constexpr int64_t kAmxRows = 16;
+bool gemm_amx(int32_t type, const GemmArgs& args);
+bool amx_supported();  // the CPU has AMX-INT8 and the OS lent its tile state
+bool amx_active();     // supported, enabled and at the avx512bf16 level
+
 // Quantizes rows of x (float32 or bfloat16 [m][ldx]) per block of `block` (32: Q8_0,
 // 256: Q8_K) into the buffers of `out`.
 void quantize_rows(const void* x, bool x_bf16, int64_t ldx, int64_t m, int64_t k, int64_t block,

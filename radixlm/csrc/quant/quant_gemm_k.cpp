@@ -21,6 +21,7 @@
 namespace radixlm::quant {
 
 bool gemm_k(int32_t type, const GemmArgs& args) {
+  if (gemm_amx(type, args)) return true;
   switch (type) {
     case kQ2_K: RADIXLM_ISA_FN(gemm<kQ2_K>)(args); return true;
     case kQ3_K: RADIXLM_ISA_FN(gemm<kQ3_K>)(args); return true;

@@ -21,6 +21,7 @@
 namespace radixlm::quant {
 
 bool gemm_legacy(int32_t type, const GemmArgs& args) {
+  if (gemm_amx(type, args)) return true;
   switch (type) {
     case kQ4_0: RADIXLM_ISA_FN(gemm<kQ4_0>)(args); return true;
     case kQ4_1: RADIXLM_ISA_FN(gemm<kQ4_1>)(args); return true;
