@@ -37,9 +37,16 @@ struct GemmArgs {
 bool gemm_legacy(int32_t type, const GemmArgs& args);
 bool gemm_k(int32_t type, const GemmArgs& args);
 
-// The AMX tiles (quant_gemm_amx.cpp) from this many rows on; false where they do not
-// run (fewer rows, no AMX, an ISA level below avx512bf16, or turned off).
-constexpr int64_t kAmxRows = 16;
+// The AMX tiles (quant_gemm_amx.cpp) from amx_rows(type) rows on: 16 where a sub-block
+// is 32 inputs of 4 or 5 bits; 32 for Q8_0 (its VNNI tile unpacks nothing) and for the
+// 16-input sub-blocks (Q2_K, Q3_K, Q6_K: a tile store per 16 inputs). Measured on a
+// 2-core Xeon with AMX: below 16 rows every format ran slower on the tiles; at 16 rows
+// Q4_K 1.6x faster, Q6_K and Q8_0 0.85-0.9x; at 32 all within noise or faster.
+// gemm_amx is false where the tiles do not run (fewer rows, no AMX, an ISA level below
+// avx512bf16, or turned off).
+constexpr int64_t amx_rows(int32_t type) {
+  return type == kQ8_0 || type == kQ2_K || type == kQ3_K || type == kQ6_K ? 32 : 16;
+}
 bool gemm_amx(int32_t type, const GemmArgs& args);
 bool amx_supported();  // the CPU has AMX-INT8 and the OS lent its tile state
 bool amx_active();     // supported, enabled and at the avx512bf16 level

@@ -1,5 +1,6 @@
 // The quantized matmul on AMX tiles (Intel Sapphire Rapids and later: AMX-TILE,
-// AMX-INT8), for every GGUF format, from kAmxRows rows on (prefill chunks, batches).
+// AMX-INT8), for every GGUF format, from amx_rows(type) rows on (prefill chunks,
+// batches; quant_gemm.h).
 //
 // A 16-column group's levels are unpacked once per column tile into bytes laid out
 // [quad][column][4] (tile_levels of quant_gemm_body.h): each quad is one row of an
@@ -281,7 +282,7 @@ bool amx_active() {
 
 bool gemm_amx(int32_t type, const GemmArgs& args) {
 #if RADIXLM_AMX_BUILD
-  if (args.m < kAmxRows || !amx_active()) return false;
+  if (args.m < amx_rows(type) || !amx_active()) return false;
   switch (type) {
     case kQ4_0: isa_amx::gemm_amx<kQ4_0>(args); return true;
     case kQ4_1: isa_amx::gemm_amx<kQ4_1>(args); return true;
