@@ -21,7 +21,36 @@ def load_tokenizer(path: str) -> Any:
     """The full Hugging Face tokenizer of a local folder."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path, **_tokenizer_only_config(path))
+
+
+def _tokenizer_only_config(path: str) -> dict[str, Any]:
+    """`config=` for AutoTokenizer where the folder names its tokenizer class: the
+    model's config.json read into the base config class, with its model_type.
+
+    Without it AutoTokenizer loads the model's own config class, whose module imports
+    transformers' model-loading stack (torch.distributed, sympy, accelerate, boto3:
+    ~900 modules, ~85 MB of the HTTP process's memory) only to read model_type and
+    tokenizer_class, which the base class reads as well. Where tokenizer_config.json
+    names no class (AutoTokenizer then goes by the config's own type) or maps to remote
+    code, AutoTokenizer does as it always does.
+    """
+    try:
+        with open(os.path.join(path, "tokenizer_config.json")) as f:
+            tokenizer_config = json.load(f)
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if (not isinstance(tokenizer_config, dict) or not tokenizer_config.get("tokenizer_class")
+            or "auto_map" in tokenizer_config or not isinstance(model_type, str) or not model_type):
+        return {}
+    from transformers import PretrainedConfig
+
+    config_class: type[PretrainedConfig] = type("TokenizerOnlyConfig", (PretrainedConfig,),
+                                                {"model_type": model_type})
+    return {"config": config_class.from_dict(config)}
 
 
 class TokenDecoder(Protocol):
