@@ -184,3 +184,26 @@ def test_concurrent_conversion_keeps_the_first_complete_folder(
     assert gguf_convert.convert_gguf(gguf_path, str(tmp_path)) == out_dir
     assert os.path.isfile(os.path.join(out_dir, "winner"))
     assert sorted(os.listdir(os.path.dirname(out_dir))) == [os.path.basename(out_dir)]
+
+
+def test_first_conversion_in_a_child_keeps_the_heavy_imports_out(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The HTTP process converts a GGUF file's config and tokenizer in a forked child
+    (resolve_model_dir(..., convert_in_child=True)): the folder is the same, and the
+    modules the conversion imports (transformers' config classes, which pull
+    accelerate and sympy) stay out of the calling process."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys\n"
+            "from radixlm.model_loader.model_path import resolve_model_dir\n"
+            "folder = resolve_model_dir(None, True)\n"
+            "assert os.path.isfile(os.path.join(folder, 'config.json'))\n"
+            "assert os.path.isfile(os.path.join(folder, 'tokenizer.json'))\n"
+            "assert resolve_model_dir(None) == folder\n"
+            "print(folder)\n"
+            "print(sorted(m for m in ('accelerate', 'sympy') if m in sys.modules))\n")
+    env = dict(os.environ, RADIXLM_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=env, check=True)
+    folder, heavy = out.stdout.strip().splitlines()[-2:]
+    assert folder.startswith(str(tmp_path)) and heavy == "[]"

@@ -71,7 +71,7 @@ class ProcessRuntime:
         from radixlm.tokenizer.tokenizer_manager import TokenizerManager
         from radixlm.tokenizer_utils import load_tokenizer
 
-        model_dir = await asyncio.to_thread(resolve_model_dir, args.model_path)  # GGUF: slow
+        model_dir = await asyncio.to_thread(resolve_model_dir, args.model_path, True)  # GGUF: slow
         # A kernel build (a CPU the install does not cover) happens here, logged as it
         # goes, not under the scheduler's STARTUP_TIMEOUT.
         await asyncio.to_thread(prepare_cpu_kernels, args.device)
