@@ -40,6 +40,9 @@ def resolve_model_dir(model_path: str | None, convert_in_child: bool = False) ->
     raise FileNotFoundError(f"model path {path!r} is neither a Hugging Face folder nor a GGUF file")
 
 
+CONVERT_TIMEOUT_S = 300.0
+
+
 def _convert_in_child(path: str) -> None:
     import multiprocessing
 
@@ -49,4 +52,7 @@ def _convert_in_child(path: str) -> None:
     child = multiprocessing.get_context("fork").Process(target=convert_gguf, args=(path,),
                                                         name="radixlm-gguf-convert")
     child.start()
-    child.join()
+    child.join(CONVERT_TIMEOUT_S)
+    if child.is_alive():  # (a conversion takes seconds) the caller converts in-process
+        child.kill()
+        child.join()
