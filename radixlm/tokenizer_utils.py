@@ -50,7 +50,10 @@ def _tokenizer_only_config(path: str) -> dict[str, Any]:
 
     config_class: type[PretrainedConfig] = type("TokenizerOnlyConfig", (PretrainedConfig,),
                                                 {"model_type": model_type})
-    return {"config": config_class.from_dict(config)}
+    try:
+        return {"config": config_class.from_dict(config)}
+    except Exception:  # noqa: BLE001 - a config the base class refuses: AutoTokenizer's own way
+        return {}
 
 
 class TokenDecoder(Protocol):
