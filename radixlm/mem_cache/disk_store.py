@@ -244,15 +244,7 @@ class DiskStore:
             return False
         except (BlockFileError, OSError) as e:
             logger.warning("KV disk tier: skipping damaged block file %s: %s", entry.path, e)
-            # Deleted while still indexed (put() queues no rewrite of an indexed key), both
-            # under the lock: deleting after forgetting it could delete the file that a
-            # rewrite of the same key had just put at the same path.
-            with self._lock:
-                self.counters["damaged_blocks"] += 1
-                if self._index.get(meta.key) == entry:
-                    del self._index[meta.key]
-                    self._num_bytes -= entry.size
-                    _unlink_all([entry.path])
+            self._forget(meta.key, entry, damaged=True)
             return False
         with self._lock:  # several reader threads count here
             self.counters["read_blocks"] += 1
@@ -263,11 +255,18 @@ class DiskStore:
             pass
         return True
 
-    def _forget(self, key: bytes, entry: _Entry) -> None:
+    def _forget(self, key: bytes, entry: _Entry, damaged: bool = False) -> None:
+        """Drop `entry` from the index if it is still there; a damaged one's file is
+        deleted too, while still indexed and under the lock (put() queues no rewrite of
+        an indexed key): deleting after forgetting it could delete the file that a
+        rewrite of the same key had just put at the same path."""
         with self._lock:
+            self.counters["damaged_blocks"] += damaged
             if self._index.get(key) == entry:
                 del self._index[key]
                 self._num_bytes -= entry.size
+                if damaged:
+                    _unlink_all([entry.path])
 
     # ------------------------------------------------------------------ flush, close, checks
 
